@@ -171,13 +171,13 @@ type Detector struct {
 
 	// mu guards only the fields below: the cached result, the in-flight
 	// marker and the logging state. Scans never run under it.
-	mu            sync.Mutex
-	cached        Result
-	expires       time.Time
-	haveCached    bool
-	inflight      *flight
-	loggedKey     string
-	tableDown     map[string]bool
+	mu         sync.Mutex
+	cached     Result
+	expires    time.Time
+	haveCached bool
+	inflight   *flight
+	loggedKey  string
+	tableDown  map[string]bool
 }
 
 // flight is one scan in progress. Waiters block on done; ok is false when
