@@ -165,6 +165,9 @@ type Detector struct {
 	clock  Clock
 	log    *slog.Logger
 	scans  atomic.Uint64
+	// waiting counts callers blocked on another caller's scan; tests use
+	// it to know every caller has joined before letting a scan finish.
+	waiting atomic.Int64
 
 	// scan is replaced by tests to count or break scans.
 	scan func() scanResult
@@ -256,14 +259,17 @@ func (d *Detector) Check(ctx context.Context) Result {
 		}
 		if f := d.inflight; f != nil {
 			d.mu.Unlock()
+			d.waiting.Add(1)
 			select {
 			case <-f.done:
+				d.waiting.Add(-1)
 				if f.ok {
 					return f.res.clone()
 				}
 				// The scan panicked: start or join a new one.
 				continue
 			case <-ctx.Done():
+				d.waiting.Add(-1)
 				return Result{Err: ctx.Err()}
 			}
 		}
