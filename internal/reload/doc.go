@@ -1,0 +1,23 @@
+// Package reload is the library behind the reload sidecar (cmd/reload): it
+// watches mounted ConfigMap directories (or one ConfigMap through the API),
+// and on a settled change validates the new configuration, removes stale
+// unix sockets, signals the consumer's main process and verifies that the
+// reload took effect.
+//
+// The pieces, in the order a change flows through them:
+//
+//   - watch.go: fsnotify on the directories; a burst of events (kubelet's
+//     "..data" symlink swap is several) is coalesced by a debounce and a
+//     content fingerprint, so one change gives exactly one reload and a
+//     half-done swap ("..data_tmp" present) is never acted on.
+//   - proc.go: finds the target by argv[0] in /proc/*/cmdline (never by the
+//     whole command line nor comm), excluding itself and worker children.
+//   - sockets.go: removes "<route>.sock" files nothing listens on, which a
+//     crashed nginx master leaves behind and which would make the next
+//     "listen unix:" fail.
+//   - reloader.go: check command, signal, verification by worker pids.
+//   - atomicwriter.go, configmap.go: API mode, which writes one ConfigMap's
+//     keys in kubelet's layout without kubelet's 60–90 s delay.
+//
+// It must not import CUE or controller-runtime: the sidecar stays small.
+package reload

@@ -1,0 +1,77 @@
+package reload
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MetricsPrefix prefixes every metric of the reload sidecar.
+const MetricsPrefix = "autoconfig_reload_"
+
+// Results of one reload attempt, the values of reloads_total{result}.
+const (
+	ResultSuccess     = "success"      // signalled, and the worker pids changed
+	ResultFailed      = "failed"       // signalled, worker pids did not change: the target kept its old config
+	ResultSignalled   = "signalled"    // signalled a target without children: not verifiable
+	ResultCheckFailed = "check_failed" // --check-cmd failed: not signalled
+	ResultNoProcess   = "no_process"   // nothing matched --process: not signalled
+	ResultAmbiguous   = "ambiguous"    // several processes matched: not signalled
+	ResultError       = "error"        // /proc unreadable, signal refused, …: not signalled
+)
+
+// Metrics of the sidecar, registered on a private registry.
+type Metrics struct {
+	Reloads            *prometheus.CounterVec
+	LastSuccess        prometheus.Gauge
+	LastAttempt        prometheus.Gauge
+	Changes            prometheus.Counter
+	StaleSockets       prometheus.Counter
+	ReloadDuration     prometheus.Histogram
+	ConfigMapWrites    *prometheus.CounterVec
+	LastConfigMapWrite prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them on reg with
+// MetricsPrefix.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reloads_total",
+			Help: "Reload attempts by result: success, failed (workers unchanged), signalled (unverifiable target), check_failed, no_process, ambiguous, error.",
+		}, []string{"result"}),
+		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "last_reload_success_timestamp_seconds",
+			Help: "Unix time of the last reload with result success or signalled.",
+		}),
+		LastAttempt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "last_reload_attempt_timestamp_seconds",
+			Help: "Unix time of the last reload attempt, whatever its result.",
+		}),
+		Changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "config_changes_total",
+			Help: "Settled changes of the watched directories' visible content.",
+		}),
+		StaleSockets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "stale_sockets_removed_total",
+			Help: "Unix socket files removed because connect() was refused.",
+		}),
+		ReloadDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "reload_duration_seconds",
+			Help:    "From the settled change to the verified (or failed) reload.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+		}),
+		ConfigMapWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "configmap_writes_total",
+			Help: "API mode: writes of the ConfigMap's keys into --write-dir by result (written, unchanged, error).",
+		}, []string{"result"}),
+		LastConfigMapWrite: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "last_configmap_write_timestamp_seconds",
+			Help: "API mode: Unix time of the last write into --write-dir.",
+		}),
+	}
+	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError} {
+		m.Reloads.WithLabelValues(r)
+	}
+	prometheus.WrapRegistererWithPrefix(MetricsPrefix, reg).MustRegister(
+		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite)
+	return m
+}

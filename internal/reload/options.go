@@ -1,0 +1,242 @@
+package reload
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+)
+
+// DefaultDebounce is how long the directories must stay quiet before a
+// change is acted on. Kubelet's "..data" swap is a handful of syscalls
+// within a millisecond or two and a plain writer's burst (kubectl cp, an
+// editor) is done within tens of milliseconds; 250 ms coalesces both into
+// one reload while adding little to a propagation that takes 60–90 s via
+// kubelet, and keeps API mode well under one second end to end.
+const DefaultDebounce = 250 * time.Millisecond
+
+// DefaultVerifyTimeout bounds the wait for new worker pids after a HUP.
+// nginx reloads in 14–210 ms for 7–306 routes, but a stale socket makes
+// bind() retry for about 2.5 s before the reload is aborted; 5 s covers a
+// slow reload without calling it failed, and a failure is reported within 5 s.
+const DefaultVerifyTimeout = 5 * time.Second
+
+// DefaultCheckTimeout bounds one --check-cmd run ("nginx -t" takes about
+// 0.16 s for 306 routes).
+const DefaultCheckTimeout = 30 * time.Second
+
+// EnvPrefix prefixes the environment variable of every flag
+// (--check-cmd ↔ PS_CHECK_CMD). "PS_" is not a prefix Kubernetes service
+// links inject (<SERVICE>_SERVICE_HOST, <SERVICE>_PORT…).
+const EnvPrefix = "PS_"
+
+// Options are the sidecar's flags.
+type Options struct {
+	WatchDirs     []string
+	Process       string
+	SockDir       string
+	CheckCmd      string
+	Signal        string
+	Debounce      time.Duration
+	VerifyTimeout time.Duration
+	CheckTimeout  time.Duration
+	MetricsAddr   string
+	LogLevel      string
+	LogFormat     string
+	ProcRoot      string
+
+	ConfigMap  string // ns/name, API mode
+	WriteDir   string
+	Kubeconfig string
+}
+
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+// Set appends; a comma-separated value (the env var form) appends each part.
+func (l listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l.p = append(*l.p, s)
+		}
+	}
+	return nil
+}
+
+// AddFlags registers the options on fs with their defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.Var(listFlag{&o.WatchDirs}, "watch", "directory to watch (repeatable, or comma-separated); a kubelet ConfigMap mount or a plain directory")
+	fs.StringVar(&o.Process, "process", "", `the target process, matched against argv[0] only: equal, same basename, or argv[0] starting with it (e.g. "nginx: master", "cache-aware-router")`)
+	fs.StringVar(&o.SockDir, "sock-dir", "", "directory of per-route unix sockets; stale ones (connect refused) are removed before signalling")
+	fs.StringVar(&o.CheckCmd, "check-cmd", "", `validation command run before signalling (e.g. "nginx -t -q -p /usr/local/openresty/nginx/ -c conf/nginx.conf"); split on spaces, quotes group; a non-zero exit means no signal`)
+	fs.StringVar(&o.Signal, "signal", "HUP", "signal to send (HUP, USR1, USR2, …); only HUP is verified by worker pids")
+	fs.DurationVar(&o.Debounce, "debounce", DefaultDebounce, "quiet time before a change is acted on (coalesces bursts)")
+	fs.DurationVar(&o.VerifyTimeout, "verify-timeout", DefaultVerifyTimeout, "how long to wait for new worker pids after a HUP before reporting the reload failed")
+	fs.DurationVar(&o.CheckTimeout, "check-timeout", DefaultCheckTimeout, "bound of one --check-cmd run")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9102", `address of /metrics, /healthz and /readyz ("" disables)`)
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
+	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
+	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
+	fs.StringVar(&o.WriteDir, "write-dir", "", "API mode: directory the ConfigMap's keys are written into, in kubelet's ..data layout (also watched)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "API mode: kubeconfig file (default: in-cluster config)")
+}
+
+// EnvName is the environment variable of a flag: PS_ + upper snake case.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ApplyEnv sets every flag not given on the command line from its
+// environment variable, if present. Call it after fs.Parse.
+func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		if v, ok := lookup(EnvName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", EnvName(f.Name), err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// Validate checks the options; its errors are usage errors.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Process == "" {
+		errs = append(errs, errors.New("--process is required (the target's argv[0], e.g. \"nginx: master\")"))
+	}
+	if len(o.WatchDirs) == 0 && o.ConfigMap == "" {
+		errs = append(errs, errors.New("nothing to watch: give --watch DIR or --configmap ns/name with --write-dir DIR"))
+	}
+	if (o.ConfigMap == "") != (o.WriteDir == "") {
+		errs = append(errs, errors.New("--configmap and --write-dir go together"))
+	}
+	if o.ConfigMap != "" {
+		if _, _, err := SplitNamespacedName(o.ConfigMap); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.Kubeconfig != "" && o.ConfigMap == "" {
+		errs = append(errs, errors.New("--kubeconfig is only used with --configmap"))
+	}
+	if _, err := ParseSignal(o.Signal); err != nil {
+		errs = append(errs, err)
+	}
+	if o.CheckCmd != "" {
+		if _, err := SplitCommand(o.CheckCmd); err != nil {
+			errs = append(errs, fmt.Errorf("--check-cmd: %w", err))
+		}
+	}
+	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 {
+		errs = append(errs, errors.New("--debounce, --verify-timeout and --check-timeout must be positive"))
+	}
+	if _, err := ParseLogLevel(o.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if o.LogFormat != "text" && o.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("--log-format %q: use text or json", o.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+// SplitNamespacedName splits "ns/name".
+func SplitNamespacedName(s string) (ns, name string, err error) {
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("--configmap %q: use namespace/name", s)
+	}
+	return ns, name, nil
+}
+
+var signals = map[string]syscall.Signal{
+	"HUP": syscall.SIGHUP, "USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2,
+	"TERM": syscall.SIGTERM, "QUIT": syscall.SIGQUIT, "INT": syscall.SIGINT, "WINCH": syscall.SIGWINCH,
+}
+
+// ParseSignal accepts HUP, SIGHUP, hup, … .
+func ParseSignal(s string) (syscall.Signal, error) {
+	if sig, ok := signals[strings.TrimPrefix(strings.ToUpper(s), "SIG")]; ok {
+		return sig, nil
+	}
+	return 0, fmt.Errorf("--signal %q: use one of HUP, USR1, USR2, TERM, QUIT, INT, WINCH", s)
+}
+
+// ParseLogLevel maps --log-level to slog.
+func ParseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: use debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// NewLogger builds the slog logger of --log-level/--log-format.
+func (o *Options) NewLogger() *slog.Logger {
+	lvl, _ := ParseLogLevel(o.LogLevel)
+	ho := &slog.HandlerOptions{Level: lvl}
+	if o.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, ho))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, ho))
+}
+
+// SplitCommand splits a command line on unquoted whitespace; single and
+// double quotes group (no escapes, no expansion: no shell is needed in the
+// sidecar image).
+func SplitCommand(s string) ([]string, error) {
+	var (
+		args  []string
+		cur   strings.Builder
+		quote rune
+		inArg bool
+	)
+	for _, c := range s {
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			} else {
+				cur.WriteRune(c)
+			}
+		case c == '"' || c == '\'':
+			quote, inArg = c, true
+		case unicode.IsSpace(c):
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteRune(c)
+			inArg = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unterminated %c quote in %q", quote, s)
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	if len(args) == 0 {
+		return nil, errors.New("empty command")
+	}
+	return args, nil
+}

@@ -1,0 +1,157 @@
+package reload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Run is the sidecar: validated options in, blocking until ctx is done or
+// a component fails.
+func Run(ctx context.Context, o Options, log *slog.Logger) error {
+	sig, err := ParseSignal(o.Signal)
+	if err != nil {
+		return err
+	}
+	var check []string
+	if o.CheckCmd != "" {
+		if check, err = SplitCommand(o.CheckCmd); err != nil {
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := NewMetrics(reg)
+
+	dirs := append([]string(nil), o.WatchDirs...)
+	var sync *ConfigMapSync
+	if o.ConfigMap != "" {
+		ns, name, err := SplitNamespacedName(o.ConfigMap)
+		if err != nil {
+			return err
+		}
+		cfg, err := restConfig(o.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
+			return fmt.Errorf("--write-dir: %w", err)
+		}
+		sync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Dir: o.WriteDir, Log: log, Metrics: m, Synced: make(chan struct{})}
+		dirs = append(dirs, o.WriteDir)
+	}
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return fmt.Errorf("watch directory %s: not a readable directory: %v", d, err)
+		}
+	}
+	r := &Reloader{
+		Dirs: dirs, Process: o.Process, SockDir: o.SockDir, CheckCmd: check, CheckTimeout: o.CheckTimeout,
+		Signal: sig, Debounce: o.Debounce, VerifyTimeout: o.VerifyTimeout, ProcRoot: o.ProcRoot,
+		Log: log, Metrics: m,
+	}
+
+	var watching atomic.Bool
+	g, ctx := errgroup.WithContext(ctx)
+	if o.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		log.Info("serving metrics", "addr", ln.Addr().String())
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			ready := watching.Load()
+			if sync != nil {
+				select {
+				case <-sync.Synced:
+				default:
+					ready = false
+				}
+			}
+			if !ready {
+				http.Error(w, "not ready", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	ready := make(chan struct{})
+	g.Go(func() error {
+		// The watcher is started before the API sync writes anything, so
+		// the first write is seen as a change.
+		r.Started = ready
+		err := r.Run(ctx)
+		if err == nil && ctx.Err() == nil {
+			err = errors.New("watcher stopped")
+		}
+		return err
+	})
+	if sync != nil {
+		g.Go(func() error {
+			select {
+			case <-ready:
+			case <-ctx.Done():
+				return nil
+			}
+			return sync.Run(ctx)
+		})
+	}
+	g.Go(func() error {
+		select {
+		case <-ready:
+			watching.Store(true)
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a cluster): %w", err)
+	}
+	return cfg, nil
+}
