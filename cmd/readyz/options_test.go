@@ -34,7 +34,7 @@ func TestParseOptions(t *testing.T) {
 				"--proc-root", "/x", "--cache-ttl", "250ms", "--log-level", "debug", "--log-format", "json"},
 			want: options{Listen: "127.0.0.1:0", Ports: []int{15008, 8080}, ProcRoot: "/x", CacheTTL: 250 * time.Millisecond, LogLevel: "debug", LogFormat: "json"}},
 		{name: "env", ok: true,
-			env: env("PS_LISTEN", ":1", "PS_READINESS_REQUIRED_LISTENERS", "15008, 8080", "PS_PROC_ROOT", "/y", "PS_CACHE_TTL", "2s", "PS_LOG_LEVEL", "warn", "PS_LOG_FORMAT", "json"),
+			env:  env("PS_LISTEN", ":1", "PS_READINESS_REQUIRED_LISTENERS", "15008, 8080", "PS_PROC_ROOT", "/y", "PS_CACHE_TTL", "2s", "PS_LOG_LEVEL", "warn", "PS_LOG_FORMAT", "json"),
 			want: options{Listen: ":1", Ports: []int{15008, 8080}, ProcRoot: "/y", CacheTTL: 2 * time.Second, LogLevel: "warn", LogFormat: "json"}},
 		{name: "flag wins over env", ok: true,
 			args: []string{"--readiness-required-listener=1", "--listen=:2"},
