@@ -1,0 +1,150 @@
+// Package v1alpha1 holds the Go types of the ModelRoute resource
+// (routing.modelsphere.dev/v1alpha1). The CUE schema in schema/ is the
+// source of truth for fields, defaults and rules; these types mirror it and
+// schema's tests prove they decode every field the schema can produce.
+//
+// A Spec is meaningful to the compiler only after schema validation has
+// filled its defaults (route name, priorities, video values, ...).
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+const (
+	// Group, Version and Kind of the resource.
+	Group   = "routing.modelsphere.dev"
+	Version = "v1alpha1"
+	Kind    = "ModelRoute"
+	// APIVersion is Group/Version.
+	APIVersion = Group + "/" + Version
+
+	// ModelTypeLLM renders the lua routing engine registration.
+	ModelTypeLLM = "llm"
+	// ModelTypeVideo renders a plain reverse proxy.
+	ModelTypeVideo = "video"
+
+	// Peer uses.
+	UseCart       = "cart"
+	UseBackend    = "backend"
+	UseBackendSvc = "backend-svc"
+)
+
+// ModelRoute says how one model is routed.
+type ModelRoute struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   Spec   `json:"spec"`
+	Status Status `json:"status,omitempty"`
+}
+
+// ModelRouteList is a list of ModelRoutes.
+type ModelRouteList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ModelRoute `json:"items"`
+}
+
+// Spec is spec of a ModelRoute.
+type Spec struct {
+	// ModelType is llm (default) or video.
+	ModelType string `json:"modelType,omitempty"`
+	// Discovery says how the model's backends are found.
+	Discovery Discovery `json:"discovery"`
+	// Cart, when set, makes autoconfig manage the model's CART workers.
+	Cart *Cart `json:"cart,omitempty"`
+	// Nginx is the openresty route.
+	Nginx Nginx `json:"nginx"`
+	// Monitor also writes the monitoring lines.
+	Monitor *Monitor `json:"monitor,omitempty"`
+	// SLO holds LLM-only service targets rendered into route options.
+	SLO *SLO `json:"slo,omitempty"`
+}
+
+// Discovery finds a set of endpoints: EndpointSlices of a Service or pods
+// by label. Exactly one of Service and Selector is set.
+type Discovery struct {
+	// Service is name or ns/name (a bare name = the ModelRoute's namespace).
+	Service string `json:"service,omitempty"`
+	// Selector is a pod label selector.
+	Selector string `json:"selector,omitempty"`
+	// Port is the endpoint port; 0 = derived.
+	Port int32 `json:"port,omitempty"`
+	// IncludeNotReady also takes endpoints that are not Ready.
+	IncludeNotReady bool `json:"includeNotReady,omitempty"`
+}
+
+// Cart is the cache-aware router layer of a route.
+type Cart struct {
+	Discovery `json:",inline"`
+	// OutputConfigMap is name or ns/name of the ConfigMap with config.yaml.
+	OutputConfigMap string `json:"outputConfigMap"`
+	// MaxLoad is each worker's max_load (default 20).
+	MaxLoad int32 `json:"maxLoad,omitempty"`
+}
+
+// Nginx is the openresty route.
+type Nginx struct {
+	// Route is the short name (default metadata.name).
+	Route string `json:"route,omitempty"`
+	// Peers are the ordered peer tiers.
+	Peers []Peer `json:"peers"`
+	// OutputConfigMap is name or ns/name of the routes ConfigMap.
+	OutputConfigMap string `json:"outputConfigMap"`
+	// Values are options rendered verbatim into register_route.
+	Values map[string]string `json:"values,omitempty"`
+	// Service is the nginx entry's own Service (name or ns/name).
+	Service string `json:"service,omitempty"`
+	// Selector selects the nginx entry pods when Service is empty.
+	Selector string `json:"selector,omitempty"`
+}
+
+// Peer is one tier of the route.
+type Peer struct {
+	// Use is cart, backend or backend-svc.
+	Use string `json:"use"`
+	// Priority: higher wins (defaults cart 3, backend 2, backend-svc 1).
+	Priority int32 `json:"priority"`
+	// MaxConcurrency is the per-peer limit; 0 = values.default_max.
+	MaxConcurrency int32 `json:"maxConcurrency,omitempty"`
+	// MaxConcurrencyFromBackend (cart only): backend limit × backends.
+	MaxConcurrencyFromBackend bool `json:"maxConcurrencyFromBackend,omitempty"`
+	// ProbePath overrides the health-probe path.
+	ProbePath string `json:"probePath,omitempty"`
+}
+
+// Monitor writes the model's lines into the monitoring ConfigMap.
+type Monitor struct {
+	// OutputConfigMap is name or ns/name of the monitoring ConfigMap.
+	OutputConfigMap string `json:"outputConfigMap"`
+	// Model is the served model name (default metadata.name).
+	Model string `json:"model,omitempty"`
+	// GPUType overrides the type derived from the nodes' GPU label.
+	GPUType string `json:"gpuType,omitempty"`
+	// Nginx writes nginx: lines; nil = when the entry is discoverable.
+	Nginx *bool `json:"nginx,omitempty"`
+	// Router writes router: lines; nil = when spec.cart is set.
+	Router *bool `json:"router,omitempty"`
+}
+
+// SLO holds LLM service targets. Each maps to one register_route option,
+// documented in docs/lua-contract.md.
+type SLO struct {
+	// TTFTMs is the target time to first token → option slo_ttft_ms.
+	TTFTMs int32 `json:"ttftMs,omitempty"`
+	// DecodeTokensPerSecond is the minimum decode rate → slo_decode_tps.
+	DecodeTokensPerSecond int32 `json:"decodeTokensPerSecond,omitempty"`
+}
+
+// Status is what the controller observed.
+type Status struct {
+	// ObservedGeneration is the generation the status describes.
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Backends is the number of backend endpoints written.
+	Backends int32 `json:"backends"`
+	// CartPeers is the number of CART endpoints discovered.
+	CartPeers int32 `json:"cartPeers"`
+	// BackendEndpoints lists the written backend endpoints (ip:port).
+	BackendEndpoints []string `json:"backendEndpoints,omitempty"`
+	// Conditions: Ready, Reconciling, Stalled.
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}

@@ -1,0 +1,274 @@
+// Package schema embeds the ModelRoute CUE schema and validates route
+// documents against it. It is the only package that evaluates CUE: callers
+// validate and default a route once per spec generation, then render in Go.
+package schema
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+
+	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/ast"
+	"cuelang.org/go/cue/cuecontext"
+	cueerrors "cuelang.org/go/cue/errors"
+	"cuelang.org/go/cue/token"
+	cueyaml "cuelang.org/go/encoding/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// FS holds the CUE module: cue.mod/module.cue and the schema files.
+//
+//go:embed cue.mod/module.cue *.cue
+var FS embed.FS
+
+// SchemaFile is the schema's file name inside FS; CUE error positions that
+// point into the schema use it.
+const SchemaFile = "modelroute.cue"
+
+// Definition is the CUE definition a route document is checked against.
+const Definition = "#ModelRoute"
+
+// Validator checks route documents against the compiled schema. It is safe
+// for concurrent use: a cue.Context and the values built from it are not, so
+// every evaluation holds mu. Validation is per spec generation, not per
+// endpoint change, so the lock is not on a hot path.
+type Validator struct {
+	mu  sync.Mutex
+	ctx *cue.Context
+	def cue.Value
+}
+
+var (
+	defaultOnce sync.Once
+	defaultV    *Validator
+	defaultErr  error
+)
+
+// Default returns the process-wide Validator, compiling the schema once.
+func Default() (*Validator, error) {
+	defaultOnce.Do(func() { defaultV, defaultErr = New() })
+	return defaultV, defaultErr
+}
+
+// New compiles the embedded schema.
+func New() (*Validator, error) {
+	src, err := FS.ReadFile(SchemaFile)
+	if err != nil {
+		return nil, fmt.Errorf("read embedded schema: %w", err)
+	}
+	ctx := cuecontext.New()
+	v := ctx.CompileBytes(src, cue.Filename("schema/"+SchemaFile))
+	if err := v.Err(); err != nil {
+		return nil, fmt.Errorf("compile schema: %w", err)
+	}
+	def := v.LookupPath(cue.ParsePath(Definition))
+	if err := def.Err(); err != nil {
+		return nil, fmt.Errorf("schema has no %s: %w", Definition, err)
+	}
+	return &Validator{ctx: ctx, def: def}, nil
+}
+
+// Problem is one validation failure, located in the input document.
+type Problem struct {
+	// File and Line locate the offending value in the input (Line 0 when the
+	// field is missing: then it is the document's first line).
+	File string `json:"file"`
+	Line int    `json:"line"`
+	// Path is the field path, e.g. spec.nginx.route.
+	Path string `json:"path"`
+	// Message says what is wrong and what to do.
+	Message string `json:"message"`
+}
+
+func (p Problem) String() string {
+	if p.Path == "" {
+		return fmt.Sprintf("%s:%d: %s", p.File, p.Line, p.Message)
+	}
+	return fmt.Sprintf("%s:%d: %s: %s", p.File, p.Line, p.Path, p.Message)
+}
+
+// InvalidError is returned for a document that breaks the schema.
+type InvalidError struct {
+	Problems []Problem
+}
+
+func (e *InvalidError) Error() string {
+	s := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		s[i] = p.String()
+	}
+	return strings.Join(s, "\n")
+}
+
+// Document is one validated route of a (multi-document) file.
+type Document struct {
+	// File and Line locate the document's start.
+	File string
+	Line int
+	// Route is the defaulted route; nil when Err is set.
+	Route *v1alpha1.ModelRoute
+	// Err is an *InvalidError for a document that breaks the schema, or a
+	// parse error.
+	Err error
+}
+
+// ValidateStream validates every YAML document of src. A YAML syntax error
+// ends the stream with one Document carrying the error.
+func (v *Validator) ValidateStream(filename string, src []byte) []Document {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var docs []Document
+	dec := cueyaml.NewDecoder(filename, bytes.NewReader(src))
+	for {
+		expr, err := dec.Extract()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			docs = append(docs, Document{File: filename, Line: errLine(err), Err: fmt.Errorf("%s: parse yaml: %w", filename, err)})
+			break
+		}
+		line := expr.Pos().Line()
+		if isEmptyDoc(expr) {
+			continue
+		}
+		// BuildExpr, not CompileBytes: a long-lived context keeps every
+		// compiled file forever (FACTS.md), BuildExpr stays flat.
+		data := v.ctx.BuildExpr(expr)
+		r, err := v.check(filename, line, data)
+		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err})
+	}
+	return docs
+}
+
+// Validate validates a single-document route and returns it defaulted.
+func (v *Validator) Validate(filename string, src []byte) (*v1alpha1.ModelRoute, error) {
+	docs := v.ValidateStream(filename, src)
+	if len(docs) != 1 {
+		return nil, fmt.Errorf("%s: want exactly one ModelRoute document, found %d", filename, len(docs))
+	}
+	return docs[0].Route, docs[0].Err
+}
+
+// ValidateObject validates a route given as a Go object (e.g. read from the
+// API server) and returns a defaulted copy. Status is ignored.
+func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error) {
+	doc := map[string]any{
+		"apiVersion": v1alpha1.APIVersion,
+		"kind":       v1alpha1.Kind,
+		"metadata":   map[string]any{"name": in.Name, "namespace": in.Namespace},
+		"spec":       in.Spec,
+	}
+	if in.Namespace == "" {
+		delete(doc["metadata"].(map[string]any), "namespace")
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encode route: %w", err)
+	}
+	name := in.Namespace + "/" + in.Name
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	data := v.ctx.CompileBytes(b, cue.Filename(name))
+	if err := data.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	r, err := v.check(name, 1, data)
+	if err != nil {
+		return nil, err
+	}
+	r.ObjectMeta = *in.ObjectMeta.DeepCopy()
+	r.Status = in.Status
+	return r, nil
+}
+
+// check unifies data-first (so error paths read spec.…), validates concrete
+// and decodes into the Go types. The caller holds v.mu.
+func (v *Validator) check(filename string, line int, data cue.Value) (*v1alpha1.ModelRoute, error) {
+	u := data.Unify(v.def)
+	if err := u.Validate(cue.Concrete(true), cue.Final()); err != nil {
+		return nil, &InvalidError{Problems: problems(filename, line, err)}
+	}
+	var r v1alpha1.ModelRoute
+	if err := u.Decode(&r); err != nil {
+		return nil, fmt.Errorf("%s:%d: decode route: %w", filename, line, err)
+	}
+	return &r, nil
+}
+
+// problems turns CUE errors into located, deduplicated Problems. The line is
+// the first position inside the input file; the message is CUE's, which for
+// every rule is the schema's plain-words error() text.
+func problems(filename string, docLine int, err error) []Problem {
+	seen := map[string]bool{}
+	var out []Problem
+	for _, e := range cueerrors.Errors(err) {
+		format, args := e.Msg()
+		msg := fmt.Sprintf(format, args...)
+		if strings.HasSuffix(msg, "errors in empty disjunction:") {
+			// A summary line; the disjuncts' own errors follow it.
+			continue
+		}
+		path := strings.Join(e.Path(), ".")
+		line := 0
+		for _, p := range append([]token.Pos{e.Position()}, e.InputPositions()...) {
+			if p.IsValid() && p.Filename() == filename {
+				line = p.Line()
+				break
+			}
+		}
+		if line == 0 {
+			line = docLine
+		}
+		p := Problem{File: filename, Line: line, Path: path, Message: humanize(msg)}
+		if k := p.String(); !seen[k] {
+			seen[k] = true
+			out = append(out, p)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Line != out[j].Line {
+			return out[i].Line < out[j].Line
+		}
+		return out[i].Path < out[j].Path
+	})
+	return out
+}
+
+// humanize rewrites CUE's generic messages (for the few failures that have
+// no error() of their own) into words that say what to do.
+func humanize(msg string) string {
+	switch {
+	case msg == "field is required but not present":
+		return "this field is required; add it"
+	case strings.HasPrefix(msg, "field not allowed"):
+		return "unknown field; remove it or check its spelling against the ModelRoute reference"
+	case strings.Contains(msg, "(mismatched types"):
+		return msg + "; give the type the ModelRoute reference names (quote strings such as values: {x: \"30\"})"
+	}
+	return msg
+}
+
+func errLine(err error) int {
+	for _, e := range cueerrors.Errors(err) {
+		if p := e.Position(); p.IsValid() {
+			return p.Line()
+		}
+	}
+	return 0
+}
+
+// isEmptyDoc reports a document that holds nothing (a trailing `---` or a
+// file of comments), which is skipped rather than reported.
+func isEmptyDoc(expr ast.Expr) bool {
+	lit, ok := expr.(*ast.BasicLit)
+	return ok && lit.Kind == token.NULL
+}
