@@ -1,0 +1,64 @@
+// Package compiler renders a validated, defaulted ModelRoute plus an endpoint
+// snapshot into the exact bytes of every output it owns: the openresty route
+// file, the CART config.yaml workers section and the monitor lines. It is
+// pure Go: no Kubernetes client and no CUE on the render path. Same input,
+// byte-identical output (endpoints are sorted).
+package compiler
+
+// Endpoint is one discovered endpoint.
+type Endpoint struct {
+	// IP is an IPv4 or IPv6 address (IPv6 without brackets).
+	IP string `json:"ip"`
+	// Port is the endpoint's port.
+	Port int32 `json:"port"`
+	// Ready is the endpoint's readiness as discovered; discovery already
+	// applied includeNotReady, so the compiler renders every endpoint given.
+	Ready bool `json:"ready"`
+	// Node is the node name, if known.
+	Node string `json:"node,omitempty"`
+	// GPUProduct is the node's nvidia.com/gpu.product label, if any.
+	GPUProduct string `json:"gpuProduct,omitempty"`
+}
+
+// ServiceVIP is a Service's ClusterIP and the port to use on it.
+type ServiceVIP struct {
+	IP   string `json:"ip"`
+	Port int32  `json:"port"`
+}
+
+// Snapshot is what discovery found for one route.
+type Snapshot struct {
+	// Backends are the model's backend endpoints (discovery).
+	Backends []Endpoint `json:"backends"`
+	// BackendService is the discovery Service's VIP (nil in selector mode or
+	// for a headless Service); it feeds the backend-svc tier.
+	BackendService *ServiceVIP `json:"backendService,omitempty"`
+	// CartService is the CART Service's VIP; it feeds the cart tier.
+	CartService *ServiceVIP `json:"cartService,omitempty"`
+	// CartPods are the CART pods (monitor router: lines).
+	CartPods []Endpoint `json:"cartPods,omitempty"`
+	// NginxPods are the nginx entry pods (monitor nginx: lines).
+	NginxPods []Endpoint `json:"nginxPods,omitempty"`
+}
+
+// Output is one ConfigMap key this route owns.
+type Output struct {
+	// ConfigMap is namespace/name (bare names already resolved against the
+	// route's namespace).
+	ConfigMap string
+	// Key is the ConfigMap data key.
+	Key string
+	// Render returns the key's new content given its current content
+	// (nil when absent). Most outputs ignore current; the CART config.yaml
+	// rewrites only the workers section of it and fails when it is missing
+	// or unparsable (never overwritten).
+	Render func(current []byte) ([]byte, error)
+}
+
+// Result is everything a route renders.
+type Result struct {
+	Outputs []Output
+	// Warnings are conditions worth surfacing in status (e.g. backend-svc
+	// tier skipped in selector mode).
+	Warnings []string
+}
