@@ -20,9 +20,19 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string
 	binPath   string
 	buildErr  error
 )
+
+// TestMain removes the binary built for the process tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 // buildBinary builds the real readyz binary once per test run.
 func buildBinary(t *testing.T) string {
@@ -33,6 +43,7 @@ func buildBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		binDir = dir
 		binPath = filepath.Join(dir, "readyz")
 		goBin, err := exec.LookPath("go")
 		if err != nil {
