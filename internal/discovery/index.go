@@ -1,0 +1,147 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// Field index keys registered on the manager's cache. Events on watched
+// objects are mapped to the ModelRoutes they affect through these indexes,
+// never by listing every route and filtering.
+const (
+	// IndexSliceService indexes EndpointSlices by "ns/service" (from the
+	// kubernetes.io/service-name label).
+	IndexSliceService = "discovery.routing.modelsphere.dev/service"
+	// IndexSliceNode indexes EndpointSlices by the node names of their
+	// endpoints (a GPU label change re-renders the routes on that node).
+	IndexSliceNode = "discovery.routing.modelsphere.dev/node"
+	// IndexPodNode indexes Pods by spec.nodeName.
+	IndexPodNode = "pod.routing.modelsphere.dev/node"
+	// IndexRouteService indexes ModelRoutes by every Service they reference
+	// ("ns/name": discovery, cart and nginx entry).
+	IndexRouteService = "route.routing.modelsphere.dev/service"
+	// IndexRouteConfigMap indexes ModelRoutes by every output ConfigMap
+	// they write ("ns/name").
+	IndexRouteConfigMap = "route.routing.modelsphere.dev/configmap"
+	// IndexRouteSelectorNamespace indexes ModelRoutes that discover pods by
+	// label selector, by the namespace the pods are listed in.
+	IndexRouteSelectorNamespace = "route.routing.modelsphere.dev/selector-namespace"
+)
+
+// RouteServices returns the "ns/name" of every Service a route references.
+func RouteServices(r *v1alpha1.ModelRoute) []string {
+	var out []string
+	add := func(ref string) {
+		if ref == "" {
+			return
+		}
+		if k := Key(ref, r.Namespace); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	add(r.Spec.Discovery.Service)
+	if r.Spec.Cart != nil {
+		add(r.Spec.Cart.Service)
+	}
+	add(r.Spec.Nginx.Service)
+	return out
+}
+
+// RouteConfigMaps returns the "ns/name" of every output ConfigMap a route
+// writes.
+func RouteConfigMaps(r *v1alpha1.ModelRoute) []string {
+	var out []string
+	add := func(ref string) {
+		if ref == "" {
+			return
+		}
+		if k := Key(ref, r.Namespace); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	add(r.Spec.Nginx.OutputConfigMap)
+	if r.Spec.Cart != nil {
+		add(r.Spec.Cart.OutputConfigMap)
+	}
+	if r.Spec.Monitor != nil {
+		add(r.Spec.Monitor.OutputConfigMap)
+	}
+	return out
+}
+
+// RouteSelectors returns the route's pod label selectors (discovery, cart,
+// nginx entry). Selector pods are listed in the route's namespace.
+func RouteSelectors(r *v1alpha1.ModelRoute) []string {
+	var out []string
+	if s := r.Spec.Discovery.Selector; s != "" && r.Spec.Discovery.Service == "" {
+		out = append(out, s)
+	}
+	if c := r.Spec.Cart; c != nil && c.Selector != "" && c.Service == "" {
+		out = append(out, c.Selector)
+	}
+	if s := r.Spec.Nginx.Selector; s != "" && r.Spec.Nginx.Service == "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+// SetupIndexes registers every index above on the cache.
+func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
+	reg := []struct {
+		obj client.Object
+		key string
+		fn  client.IndexerFunc
+	}{
+		{&discoveryv1.EndpointSlice{}, IndexSliceService, func(o client.Object) []string {
+			svc := o.GetLabels()[discoveryv1.LabelServiceName]
+			if svc == "" {
+				return nil
+			}
+			return []string{o.GetNamespace() + "/" + svc}
+		}},
+		{&discoveryv1.EndpointSlice{}, IndexSliceNode, func(o client.Object) []string {
+			s, ok := o.(*discoveryv1.EndpointSlice)
+			if !ok {
+				return nil
+			}
+			var out []string
+			for _, ep := range s.Endpoints {
+				if ep.NodeName != nil && *ep.NodeName != "" && !slices.Contains(out, *ep.NodeName) {
+					out = append(out, *ep.NodeName)
+				}
+			}
+			return out
+		}},
+		{&corev1.Pod{}, IndexPodNode, func(o client.Object) []string {
+			if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+				return []string{p.Spec.NodeName}
+			}
+			return nil
+		}},
+		{&v1alpha1.ModelRoute{}, IndexRouteService, func(o client.Object) []string {
+			return RouteServices(o.(*v1alpha1.ModelRoute))
+		}},
+		{&v1alpha1.ModelRoute{}, IndexRouteConfigMap, func(o client.Object) []string {
+			return RouteConfigMaps(o.(*v1alpha1.ModelRoute))
+		}},
+		{&v1alpha1.ModelRoute{}, IndexRouteSelectorNamespace, func(o client.Object) []string {
+			if len(RouteSelectors(o.(*v1alpha1.ModelRoute))) == 0 {
+				return nil
+			}
+			return []string{o.GetNamespace()}
+		}},
+	}
+	for _, r := range reg {
+		if err := idx.IndexField(ctx, r.obj, r.key, r.fn); err != nil {
+			return fmt.Errorf("index %s: %w", r.key, err)
+		}
+	}
+	return nil
+}

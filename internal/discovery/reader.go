@@ -1,0 +1,200 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// Reader builds a route's Snapshot from a client.Reader, normally the
+// manager's cache with the indexes of SetupIndexes registered.
+type Reader struct {
+	Client client.Reader
+}
+
+// Snapshot discovers everything the compiler needs for route (validated and
+// defaulted). An empty backend list is not an error: the caller decides
+// (NoBackends). A PortError means the spec must name a port.
+func (r *Reader) Snapshot(ctx context.Context, route *v1alpha1.ModelRoute) (compiler.Snapshot, error) {
+	var snap compiler.Snapshot
+	d := route.Spec.Discovery
+	eps, vip, err := r.endpoints(ctx, route.Namespace, d, "spec.discovery.port")
+	if err != nil {
+		return snap, err
+	}
+	snap.Backends, snap.BackendService = eps, vip
+	if err := r.fillGPU(ctx, snap.Backends); err != nil {
+		return snap, err
+	}
+	if c := route.Spec.Cart; c != nil {
+		snap.CartPods, snap.CartService, err = r.endpoints(ctx, route.Namespace, c.Discovery, "spec.cart.port")
+		if err != nil {
+			return snap, err
+		}
+	}
+	snap.NginxPods, err = r.entry(ctx, route)
+	return snap, err
+}
+
+// endpoints runs one discovery block: EndpointSlices of a Service (plus its
+// VIP) or pods by selector (no VIP).
+func (r *Reader) endpoints(ctx context.Context, ns string, d v1alpha1.Discovery, portField string) ([]compiler.Endpoint, *compiler.ServiceVIP, error) {
+	o := Options{Port: d.Port, IncludeNotReady: d.IncludeNotReady, PortField: portField}
+	if d.Service == "" {
+		pods, err := r.pods(ctx, ns, d.Selector)
+		if err != nil {
+			return nil, nil, err
+		}
+		eps, err := FromPods(pods, o)
+		return eps, nil, err
+	}
+	sns, name := SplitRef(d.Service, ns)
+	items, err := r.slices(ctx, sns, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	eps, err := FromEndpointSlices(items, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	var svc corev1.Service
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: sns, Name: name}, &svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return eps, nil, nil
+		}
+		return nil, nil, fmt.Errorf("get service %s/%s: %w", sns, name, err)
+	}
+	target := d.Port
+	if target == 0 && len(eps) > 0 {
+		target = eps[0].Port
+	}
+	return eps, ServiceVIP(&svc, target, SlicePortName(items, target)), nil
+}
+
+// entry discovers the nginx entry pods (monitor nginx: lines) on their
+// dispatch port; it never fails on ports.
+func (r *Reader) entry(ctx context.Context, route *v1alpha1.ModelRoute) ([]compiler.Endpoint, error) {
+	n := route.Spec.Nginx
+	switch {
+	case n.Service != "":
+		sns, name := SplitRef(n.Service, route.Namespace)
+		items, err := r.slices(ctx, sns, name)
+		if err != nil {
+			return nil, err
+		}
+		return FromEndpointSlices(items, Options{Port: DispatchPort(items)})
+	case n.Selector != "":
+		pods, err := r.pods(ctx, route.Namespace, n.Selector)
+		if err != nil {
+			return nil, err
+		}
+		return FromPods(pods, Options{Port: PodDispatchPort(pods)})
+	}
+	return nil, nil
+}
+
+func (r *Reader) slices(ctx context.Context, ns, svc string) ([]discoveryv1.EndpointSlice, error) {
+	var l discoveryv1.EndpointSliceList
+	if err := r.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingFields{IndexSliceService: ns + "/" + svc}); err != nil {
+		return nil, fmt.Errorf("list endpointslices of %s/%s: %w", ns, svc, err)
+	}
+	return l.Items, nil
+}
+
+func (r *Reader) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil, fmt.Errorf("selector %q: %w", selector, err)
+	}
+	var l corev1.PodList
+	if err := r.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("list pods %q in %s: %w", selector, ns, err)
+	}
+	return l.Items, nil
+}
+
+// fillGPU reads the GPU label of the backends' nodes (metadata only).
+func (r *Reader) fillGPU(ctx context.Context, eps []compiler.Endpoint) error {
+	nodes := map[string]map[string]string{}
+	for _, e := range eps {
+		if e.Node == "" {
+			continue
+		}
+		if _, done := nodes[e.Node]; done {
+			continue
+		}
+		m := NodeMeta()
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: e.Node}, m); err != nil {
+			if apierrors.IsNotFound(err) {
+				nodes[e.Node] = nil
+				continue
+			}
+			return fmt.Errorf("get node %s: %w", e.Node, err)
+		}
+		nodes[e.Node] = m.Labels
+	}
+	FillGPU(eps, nodes)
+	return nil
+}
+
+// NodeMeta returns an empty metadata-only Node: the controller caches node
+// metadata only (it reads nothing but the GPU label).
+func NodeMeta() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	return m
+}
+
+// StripPod is a cache transform keeping only what discovery reads of a Pod:
+// identity, labels, deletion, node, container ports, phase, IPs and the
+// Ready condition. On a cluster with thousands of pods this is most of the
+// controller's memory.
+func StripPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName},
+		Status: corev1.PodStatus{
+			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
+		},
+	}
+	for _, c := range p.Spec.Containers {
+		var ports []corev1.ContainerPort
+		for _, cp := range c.Ports {
+			ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
+		}
+		out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out, nil
+}
+
+// StripManagedFields is the default cache transform: managed fields are
+// never read and are often the largest part of an object.
+func StripManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
+}
