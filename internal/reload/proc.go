@@ -88,15 +88,15 @@ func MatchArgv0(argv0, match string) bool {
 }
 
 // FindTarget returns the one process matching match. It never returns the
-// process self, nor a child of self (the check command), nor a process
-// whose parent also matches (a worker of the matched master: with a
+// process self (whose own arguments may contain match; only argv[0] is
+// compared anyway), nor a process whose parent also matches (a worker of the matched master: with a
 // match of just "nginx", "nginx: worker process" would otherwise match
 // too). No match or several matches are errors wrapping ErrNoProcess or
 // ErrAmbiguousProcess.
 func FindTarget(procs []Process, match string, self int) (Process, error) {
 	var cands []Process
 	for _, p := range procs {
-		if p.PID == self || p.PPID == self || !MatchArgv0(p.Argv0, match) {
+		if p.PID == self || !MatchArgv0(p.Argv0, match) {
 			continue
 		}
 		cands = append(cands, p)

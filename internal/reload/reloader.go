@@ -35,6 +35,9 @@ type Outcome struct {
 	Err     error
 	Started time.Time     // when the settled change was acted on
 	Elapsed time.Duration // until the result was known
+	// Fingerprint of the directories' content this attempt was for
+	// (empty for a direct ReloadOnce call).
+	Fingerprint string
 }
 
 // Reloader turns settled changes of Dirs into validated, verified signals
@@ -56,6 +59,9 @@ type Reloader struct {
 	Metrics       *Metrics
 	// OnReload, if set, is called after every attempt (tests, benchmarks).
 	OnReload func(Outcome)
+	// OnSettle, if set, is called each time the directories went quiet,
+	// with whether their visible content changed (tests).
+	OnSettle func(changed bool)
 	// Started, if set, is closed once the watches are in place.
 	Started chan struct{}
 }
@@ -148,13 +154,19 @@ func (r *Reloader) Run(ctx context.Context) error {
 			}
 			if fp == last {
 				r.Log.Debug("events without a visible change; not reloading")
+				if r.OnSettle != nil {
+					r.OnSettle(false)
+				}
 				continue
 			}
 			// Recorded before the attempt: a failed attempt is retried on
 			// the next change, not on every stray event.
 			last = fp
 			r.Metrics.Changes.Inc()
-			r.ReloadOnce(ctx)
+			if r.OnSettle != nil {
+				r.OnSettle(true)
+			}
+			r.reloadFor(ctx, fp)
 		}
 	}
 }
@@ -163,9 +175,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 // verifies; it logs and counts the outcome and returns it.
 func (r *Reloader) ReloadOnce(ctx context.Context) Outcome {
 	r.defaults()
+	return r.reloadFor(ctx, "")
+}
+
+func (r *Reloader) reloadFor(ctx context.Context, fp string) Outcome {
 	start := r.Now()
 	o := r.reload(ctx)
-	o.Started, o.Elapsed = start, r.Now().Sub(start)
+	o.Started, o.Elapsed, o.Fingerprint = start, r.Now().Sub(start), fp
 	r.Metrics.Reloads.WithLabelValues(o.Result).Inc()
 	r.Metrics.LastAttempt.Set(float64(r.Now().Unix()))
 	if o.Result == ResultSuccess || o.Result == ResultSignalled {
@@ -174,7 +190,7 @@ func (r *Reloader) ReloadOnce(ctx context.Context) Outcome {
 	if o.PID != 0 {
 		r.Metrics.ReloadDuration.Observe(o.Elapsed.Seconds())
 	}
-	log := r.Log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond))
+	log := r.Log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond), "content", shortFP(fp))
 	switch o.Result {
 	case ResultSuccess:
 		log.Info("reloaded: new worker processes are running")
@@ -300,4 +316,12 @@ func (r *Reloader) cleanSockets() {
 			r.Log.Debug("unreferenced socket is live; leaving it to nginx", "path", a.Path)
 		}
 	}
+}
+
+// shortFP abbreviates a content fingerprint for logs.
+func shortFP(fp string) string {
+	if len(fp) > 12 {
+		return fp[:12]
+	}
+	return fp
 }

@@ -1,0 +1,12 @@
+package reload
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func counterValue(t *testing.T, m *Metrics, result string) float64 {
+	t.Helper()
+	return testutil.ToFloat64(m.Reloads.WithLabelValues(result))
+}

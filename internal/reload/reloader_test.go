@@ -1,0 +1,237 @@
+package reload
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+)
+
+func TestMain(m *testing.M) {
+	reloadtest.MaybeRunHUPCounter()
+	os.Exit(m.Run())
+}
+
+// wait bounds every condition wait of these tests; nothing here is a
+// timing assertion, only a guard against hanging.
+const wait = 20 * time.Second
+
+var nameSeq atomic.Int64
+
+// uniqueName is an argv[0] no other process on the machine has, so tests
+// running beside other packages' processes match exactly one process.
+func uniqueName(base string) string {
+	return fmt.Sprintf("%s-%d-%d", base, os.Getpid(), nameSeq.Add(1))
+}
+
+// harness runs a Reloader in the background and records what it does.
+type harness struct {
+	r        *Reloader
+	mu       sync.Mutex
+	outcomes []Outcome
+	settles  []bool
+}
+
+func startReloader(t *testing.T, r *Reloader) *harness {
+	t.Helper()
+	h := &harness{r: r}
+	r.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r.OnReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
+	r.OnSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
+	r.Started = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reloader: %v", err)
+		}
+	})
+	select {
+	case <-r.Started:
+	case err := <-done:
+		t.Fatalf("reloader stopped: %v", err)
+	}
+	return h
+}
+
+func (h *harness) Outcomes() []Outcome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Outcome(nil), h.outcomes...)
+}
+
+func (h *harness) Settles() []bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]bool(nil), h.settles...)
+}
+
+// waitOutcomeFor waits for the attempt made for dirs' current content.
+func (h *harness) waitOutcomeFor(t *testing.T, dirs ...string) Outcome {
+	t.Helper()
+	fp, err := Fingerprint(dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Outcome
+	reloadtest.WaitFor(t, wait, "a reload attempt for the current content", func() bool {
+		for _, o := range h.Outcomes() {
+			if o.Fingerprint == fp {
+				got = o
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func routeFiles(version int) map[string]string {
+	return map[string]string{
+		"config.yaml": fmt.Sprintf("workers:\n- url: http://10.0.0.%d:8000\n", version),
+		"other.conf":  "static\n",
+	}
+}
+
+func TestKubeletSwapsGiveOneHUPEach(t *testing.T) {
+	dir := t.TempDir()
+	reloadtest.KubeletSwap(t, dir, routeFiles(0))
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+
+	for i := 1; i <= 3; i++ {
+		reloadtest.KubeletSwap(t, dir, routeFiles(i))
+		o := h.waitOutcomeFor(t, dir)
+		if o.Result != ResultSignalled || o.PID != cart.PID() {
+			t.Fatalf("swap %d: got %+v, want signalled to %d", i, o, cart.PID())
+		}
+		reloadtest.WaitFor(t, wait, "the HUP to arrive", func() bool { return cart.Count() >= i })
+		if n := cart.Count(); n != i {
+			t.Fatalf("after swap %d: %d HUPs, want %d", i, n, i)
+		}
+	}
+	if n := len(h.Outcomes()); n != 3 {
+		t.Fatalf("%d reload attempts for 3 swaps: %+v", n, h.Outcomes())
+	}
+}
+
+func TestBurstIsCoalesced(t *testing.T) {
+	dir := t.TempDir()
+	reloadtest.KubeletSwap(t, dir, routeFiles(0))
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+
+	// 20 swaps spread over about 100 ms.
+	for i := 1; i <= 20; i++ {
+		reloadtest.KubeletSwap(t, dir, routeFiles(i))
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.waitOutcomeFor(t, dir)
+	reloadtest.WaitFor(t, wait, "a HUP", func() bool { return cart.Count() >= len(h.Outcomes()) })
+	if n := cart.Count(); n < 1 || n > 2 {
+		t.Fatalf("20 swaps in 100 ms gave %d HUPs, want 1 or 2", n)
+	}
+	t.Logf("20 swaps → %d HUP(s)", cart.Count())
+}
+
+func TestNoVisibleChangeNoReload(t *testing.T) {
+	dir := t.TempDir()
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+
+	// A swap to identical content (kubelet resync after a no-op update).
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	reloadtest.WaitFor(t, wait, "the directories to settle", func() bool { return len(h.Settles()) >= 1 })
+	if s := h.Settles(); s[0] {
+		t.Fatalf("identical swap counted as a change: %v", s)
+	}
+	// Plain (non-kubelet) writes are changes too.
+	if err := os.WriteFile(filepath.Join(dir, "plain.conf"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.waitOutcomeFor(t, dir)
+	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
+	if n := cart.Count(); n != 1 {
+		t.Fatalf("%d HUPs, want 1", n)
+	}
+}
+
+func TestNoMatchThenRetryOnNextChange(t *testing.T) {
+	dir := t.TempDir()
+	name := uniqueName("cache-aware-router")
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	if o := h.waitOutcomeFor(t, dir); o.Result != ResultNoProcess {
+		t.Fatalf("got %+v, want no_process", o)
+	}
+	if v := counterValue(t, h.r.Metrics, ResultNoProcess); v != 1 {
+		t.Fatalf("reloads_total{result=no_process} = %v, want 1", v)
+	}
+	cart := reloadtest.StartHUPCounter(t, name)
+	reloadtest.KubeletSwap(t, dir, routeFiles(2))
+	if o := h.waitOutcomeFor(t, dir); o.Result != ResultSignalled {
+		t.Fatalf("got %+v, want signalled", o)
+	}
+	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+}
+
+func TestAmbiguousMatchSignalsNobody(t *testing.T) {
+	dir := t.TempDir()
+	name := uniqueName("cache-aware-router")
+	a := reloadtest.StartHUPCounter(t, name)
+	b := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	o := h.waitOutcomeFor(t, dir)
+	if o.Result != ResultAmbiguous || !strings.Contains(o.Err.Error(), fmt.Sprint(a.PID())) || !strings.Contains(o.Err.Error(), fmt.Sprint(b.PID())) {
+		t.Fatalf("got %+v, want ambiguous naming both pids", o)
+	}
+	if a.Count()+b.Count() != 0 {
+		t.Fatal("a process was signalled despite an ambiguous match")
+	}
+}
+
+func TestFailingCheckDoesNotSignal(t *testing.T) {
+	dir := t.TempDir()
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name,
+		CheckCmd: []string{"bash", "-c", `grep -q broken "$0"/config.yaml && { echo "config.yaml: broken workers"; exit 1; }; exit 0`, dir}})
+
+	reloadtest.KubeletSwap(t, dir, map[string]string{"config.yaml": "workers: broken\n"})
+	o := h.waitOutcomeFor(t, dir)
+	if o.Result != ResultCheckFailed || !strings.Contains(o.Err.Error(), "config.yaml: broken workers") {
+		t.Fatalf("got %+v, want check_failed with the command's output", o)
+	}
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	if o := h.waitOutcomeFor(t, dir); o.Result != ResultSignalled {
+		t.Fatalf("good config: got %+v, want signalled", o)
+	}
+	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
+	if n := cart.Count(); n != 1 {
+		t.Fatalf("%d HUPs, want exactly 1 (only the good config)", n)
+	}
+}
