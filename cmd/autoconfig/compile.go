@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/schema"
+)
+
+func init() {
+	commands["compile"] = command{summary: "render a route's outputs from a route file and an endpoint snapshot", run: runCompile}
+}
+
+// compileOptions are the flags of `autoconfig compile`.
+type compileOptions struct {
+	route     string
+	endpoints string
+	outDir    string
+	baseCart  string
+	sockDir   string
+}
+
+func (o *compileOptions) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.route, "f", "", "ModelRoute YAML file (one document; - for stdin)")
+	fs.StringVar(&o.endpoints, "endpoints", "", "endpoint snapshot YAML file (format: docs/outputs.md)")
+	fs.StringVar(&o.outDir, "o", "", "write each output to DIR/<namespace>/<configmap>/<key> instead of stdout")
+	fs.StringVar(&o.baseCart, "base-cart", "", "the CART chart's config.yaml whose workers section is rewritten (required when the route sets spec.cart)")
+	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image")
+}
+
+func (o *compileOptions) Validate() error {
+	if o.route == "" {
+		return errors.New("-f ROUTE is required")
+	}
+	if o.endpoints == "" {
+		return errors.New("--endpoints SNAPSHOT is required")
+	}
+	if o.endpoints == "-" && o.route == "-" {
+		return errors.New("-f and --endpoints cannot both read stdin")
+	}
+	return nil
+}
+
+func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o compileOptions
+	fs := flag.NewFlagSet("compile", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.AddFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, joinLines(
+			"Usage: autoconfig compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
+			"",
+			"Validates ROUTE with the embedded schema (the same errors as autoconfig vet),",
+			"then renders every output the route owns from files alone, exactly as the",
+			"controller would write them:",
+			"  <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)",
+			"  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)",
+			"  <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)",
+			"Without -o each output is printed to stdout after a header line",
+			"\"==> namespace/configmap/key <==\"; with -o it is written to",
+			"DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to",
+			"stderr. The snapshot format and the output formats are in docs/outputs.md.",
+			"Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.",
+			"",
+			"Flags:"))
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(stderr, "autoconfig compile: %v\n", err)
+		fs.Usage()
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "autoconfig compile: unexpected arguments %q\n", fs.Args())
+		fs.Usage()
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "autoconfig compile: %v\n", err)
+		return 1
+	}
+
+	src, name, err := readInput(o.route, stdin)
+	if err != nil {
+		return fail(err)
+	}
+	v, err := schema.Default()
+	if err != nil {
+		return fail(err)
+	}
+	route, err := v.Validate(name, src)
+	if err != nil {
+		var inv *schema.InvalidError
+		if errors.As(err, &inv) {
+			for _, p := range inv.Problems {
+				fmt.Fprintln(stderr, p.String())
+			}
+			return 1
+		}
+		return fail(err)
+	}
+	snapSrc, _, err := readInput(o.endpoints, stdin)
+	if err != nil {
+		return fail(err)
+	}
+	snap, err := compiler.ParseSnapshot(snapSrc)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", o.endpoints, err))
+	}
+	res, err := compiler.Compile(route, snap, compiler.Options{SockDir: o.sockDir})
+	if err != nil {
+		return fail(err)
+	}
+	for _, w := range res.Warnings {
+		fmt.Fprintf(stderr, "autoconfig compile: warning: %s\n", w)
+	}
+	for i, out := range res.Outputs {
+		var current []byte
+		if out.Key == compiler.CartKey && route.Spec.Cart != nil {
+			if o.baseCart == "" {
+				return fail(fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)"))
+			}
+			if current, err = os.ReadFile(o.baseCart); err != nil {
+				return fail(err)
+			}
+		}
+		data, err := out.Render(current)
+		if err != nil {
+			return fail(err)
+		}
+		loc := out.ConfigMap + "/" + out.Key
+		if o.outDir == "" {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "==> %s <==\n", loc)
+			stdout.Write(data)
+			continue
+		}
+		path := filepath.Join(o.outDir, filepath.FromSlash(loc))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", path)
+	}
+	return 0
+}

@@ -1,0 +1,282 @@
+package compiler
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// DefaultSockDir is where the openresty image's dispatch server expects the
+// per-route unix sockets.
+const DefaultSockDir = "/usr/local/openresty/nginx/sock"
+
+// LuaModule is the lua module of the openresty image's routing engine that
+// llm route files call (docs/lua-contract.md).
+const LuaModule = "router"
+
+// ErrNoBackends is returned (wrapped) when the snapshot has no backend
+// endpoints. An empty discovery result must never be written: CART refuses
+// an empty workers list and openresty would drop all traffic, so the caller
+// keeps the last good output and says so in status.
+var ErrNoBackends = errors.New("no backend endpoints discovered")
+
+// ErrNoPeers is returned (wrapped) when none of the route's peer tiers can
+// be rendered (e.g. only a backend-svc tier and the backend has no VIP).
+var ErrNoPeers = errors.New("no peer tier can be rendered")
+
+// Options tune rendering. The zero value renders for the production image.
+type Options struct {
+	// SockDir is the absolute directory of the per-route unix sockets
+	// (default DefaultSockDir).
+	SockDir string
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.SockDir == "" {
+		o.SockDir = DefaultSockDir
+	}
+	o.SockDir = strings.TrimRight(o.SockDir, "/")
+	if !strings.HasPrefix(o.SockDir, "/") {
+		return o, fmt.Errorf("sock dir %q must be an absolute path", o.SockDir)
+	}
+	// The directory is written into an nginx listen line unquoted: allow
+	// only characters that cannot end or extend the directive.
+	for i := 0; i < len(o.SockDir); i++ {
+		if c := o.SockDir[i]; !(c == '/' || c == '.' || c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return o, fmt.Errorf("sock dir %q may contain only letters, digits, '/', '.', '_' and '-'", o.SockDir)
+		}
+	}
+	return o, nil
+}
+
+// RouteName is the route's short name: spec.nginx.route, or metadata.name
+// when the route was not defaulted.
+func RouteName(route *v1alpha1.ModelRoute) string {
+	if route.Spec.Nginx.Route != "" {
+		return route.Spec.Nginx.Route
+	}
+	return route.Name
+}
+
+// RouteKey is the key of the route's file in the openresty ConfigMap:
+// session_route_<route>.conf.
+func RouteKey(route *v1alpha1.ModelRoute) string {
+	return "session_route_" + RouteName(route) + ".conf"
+}
+
+// CartKey is the key of the CART config in the CART ConfigMap.
+const CartKey = "config.yaml"
+
+// MonitorKey is the key of a model's file in the monitoring ConfigMap:
+// <model>.monitor.conf with every '/' as '_' (Qwen/Qwen2.5-72B-Instruct →
+// Qwen_Qwen2.5-72B-Instruct.monitor.conf).
+func MonitorKey(model string) string {
+	return strings.ReplaceAll(model, "/", "_") + ".monitor.conf"
+}
+
+// ResolveRef resolves a name or ns/name reference against the route's
+// namespace ("default" when the route has none, as kubectl does).
+func ResolveRef(route *v1alpha1.ModelRoute, ref string) string {
+	if strings.Contains(ref, "/") {
+		return ref
+	}
+	ns := route.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	return ns + "/" + ref
+}
+
+// Compile renders every output the route owns from a validated, defaulted
+// route (schema.Validator output) and an endpoint snapshot. Outputs come in
+// a fixed order: the openresty route file, the CART config.yaml (when
+// spec.cart is set), the monitor file (when spec.monitor is set).
+//
+// It fails with ErrNoBackends when the snapshot has no backends, and on
+// malformed endpoints (bad IP, port outside 1–65535): nothing is rendered
+// from data that would break a consumer.
+func Compile(route *v1alpha1.ModelRoute, snap Snapshot, opts Options) (Result, error) {
+	var res Result
+	if route == nil {
+		return res, errors.New("nil route")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return res, err
+	}
+	name := RouteName(route)
+	if !validRouteName(name) {
+		return res, fmt.Errorf("route name %q must be 1-63 characters of a-z, 0-9, '.', '_', '-' (validate the route with the schema first)", name)
+	}
+	c := compilation{route: route, name: name, opts: opts, res: &res}
+	if c.backends, err = normalize(snap.Backends, "backend"); err != nil {
+		return res, err
+	}
+	if len(c.backends) == 0 {
+		return res, fmt.Errorf("route %s: %w", name, ErrNoBackends)
+	}
+	if c.backendSvc, err = normalizeVIP(snap.BackendService, "backend service"); err != nil {
+		return res, err
+	}
+	if c.cartSvc, err = normalizeVIP(snap.CartService, "cart service"); err != nil {
+		return res, err
+	}
+	if c.cartPods, err = normalize(snap.CartPods, "cart pod"); err != nil {
+		return res, err
+	}
+	if c.nginxPods, err = normalize(snap.NginxPods, "nginx pod"); err != nil {
+		return res, err
+	}
+
+	var conf []byte
+	if route.Spec.ModelType == v1alpha1.ModelTypeVideo {
+		conf, err = c.renderVideo()
+	} else {
+		conf, err = c.renderLLM()
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("route %s: %w", name, err)
+	}
+	res.Outputs = append(res.Outputs, Output{
+		ConfigMap: ResolveRef(route, route.Spec.Nginx.OutputConfigMap),
+		Key:       RouteKey(route),
+		Render:    constant(conf),
+	})
+	if cart := route.Spec.Cart; cart != nil {
+		cm := ResolveRef(route, cart.OutputConfigMap)
+		workers := c.cartWorkers()
+		res.Outputs = append(res.Outputs, Output{
+			ConfigMap: cm,
+			Key:       CartKey,
+			Render: func(current []byte) ([]byte, error) {
+				return RenderCartConfig(current, workers, cm)
+			},
+		})
+	}
+	if mon := route.Spec.Monitor; mon != nil {
+		model := mon.Model
+		if model == "" {
+			model = route.Name
+		}
+		res.Outputs = append(res.Outputs, Output{
+			ConfigMap: ResolveRef(route, mon.OutputConfigMap),
+			Key:       MonitorKey(model),
+			Render:    constant(c.renderMonitor(model)),
+		})
+	}
+	return res, nil
+}
+
+// constant is a Render that ignores the current content. The returned slice
+// is shared: callers must not modify it.
+func constant(b []byte) func([]byte) ([]byte, error) {
+	return func([]byte) ([]byte, error) { return b, nil }
+}
+
+// compilation carries one Compile call's normalized inputs.
+type compilation struct {
+	route      *v1alpha1.ModelRoute
+	name       string
+	opts       Options
+	res        *Result
+	backends   []endpoint
+	backendSvc *endpoint
+	cartSvc    *endpoint
+	cartPods   []endpoint
+	nginxPods  []endpoint
+}
+
+func (c *compilation) warnf(format string, args ...any) {
+	c.res.Warnings = append(c.res.Warnings, fmt.Sprintf(format, args...))
+}
+
+// endpoint is a parsed, canonical Endpoint.
+type endpoint struct {
+	addr netip.Addr
+	port int
+	ip   string // canonical text form, IPv6 without brackets
+	gpu  string // nvidia.com/gpu.product label
+}
+
+// appendHostPort writes ip:port, IPv6 as [ip]:port.
+func (e *endpoint) appendHostPort(b []byte) []byte {
+	if e.addr.Is6() {
+		b = append(b, '[')
+		b = append(b, e.ip...)
+		b = append(b, ']')
+	} else {
+		b = append(b, e.ip...)
+	}
+	b = append(b, ':')
+	return strconv.AppendInt(b, int64(e.port), 10)
+}
+
+func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return endpoint{}, fmt.Errorf("%s endpoint: bad IP %q: %w", what, ip, err)
+	}
+	if a.Zone() != "" {
+		return endpoint{}, fmt.Errorf("%s endpoint: IP %q has a zone; only global addresses can be rendered", what, ip)
+	}
+	if port < 1 || port > 65535 {
+		return endpoint{}, fmt.Errorf("%s endpoint %s: port %d is outside 1-65535", what, ip, port)
+	}
+	a = a.Unmap()
+	return endpoint{addr: a, port: int(port), ip: a.String()}, nil
+}
+
+// normalize parses, sorts (by address, then port) and deduplicates
+// endpoints, so the output does not depend on discovery order.
+func normalize(in []Endpoint, what string) ([]endpoint, error) {
+	out := make([]endpoint, 0, len(in))
+	for _, e := range in {
+		p, err := parseEndpoint(e.IP, e.Port, what)
+		if err != nil {
+			return nil, err
+		}
+		p.gpu = e.GPUProduct
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b endpoint) int {
+		if c := a.addr.Compare(b.addr); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.port, b.port); c != 0 {
+			return c
+		}
+		return strings.Compare(a.gpu, b.gpu)
+	})
+	return slices.CompactFunc(out, func(a, b endpoint) bool { return a.addr == b.addr && a.port == b.port }), nil
+}
+
+func normalizeVIP(v *ServiceVIP, what string) (*endpoint, error) {
+	if v == nil || v.IP == "" || v.IP == "None" {
+		return nil, nil
+	}
+	e, err := parseEndpoint(v.IP, v.Port, what)
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// validRouteName repeats the schema's rule: the name is written unquoted
+// into the listen line, the socket name and the conf file name.
+func validRouteName(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

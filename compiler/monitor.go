@@ -1,0 +1,129 @@
+package compiler
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// renderMonitor writes <model>.monitor.conf (format in docs/outputs.md):
+// one "service:" line per backend, then "nginx:" lines for the entry pods
+// and "router:" lines for the CART pods when enabled.
+func (c *compilation) renderMonitor(model string) []byte {
+	mon := c.route.Spec.Monitor
+	gpu := mon.GPUType
+	if gpu == "" {
+		var disagree []string
+		gpu, disagree = c.backendGPU()
+		if len(disagree) > 0 {
+			c.warnf("monitor gpu type left empty: backends run different GPUs (%s); set spec.monitor.gpuType", strings.Join(disagree, ", "))
+		}
+	}
+	withNginx := len(c.nginxPods) > 0
+	if mon.Nginx != nil {
+		withNginx = *mon.Nginx
+		if withNginx && len(c.nginxPods) == 0 {
+			c.warnf("spec.monitor.nginx is true but no nginx entry pods were discovered (set spec.nginx.service or selector); no nginx: lines written")
+		}
+	}
+	withRouter := c.route.Spec.Cart != nil
+	if mon.Router != nil {
+		withRouter = *mon.Router
+	}
+	if withRouter && len(c.cartPods) == 0 {
+		c.warnf("monitor router: lines enabled but no CART pods were discovered; no router: lines written")
+	}
+
+	b := make([]byte, 0, 256+80*len(c.backends)+40*(len(c.nginxPods)+len(c.cartPods)))
+	b = append(b, "# "...)
+	b = append(b, MonitorKey(model)...)
+	b = append(b, ": written by autoconfig from ModelRoute "...)
+	if c.route.Namespace != "" {
+		b = append(b, c.route.Namespace...)
+		b = append(b, '/')
+	}
+	b = append(b, c.route.Name...)
+	b = append(b, "; do not edit.\n"...)
+	for i := range c.backends {
+		b = append(b, "service: model="...)
+		b = append(b, model...)
+		b = append(b, " gpu="...)
+		b = append(b, gpu...)
+		b = append(b, " endpoint="...)
+		b = c.backends[i].appendHostPort(b)
+		b = append(b, '\n')
+	}
+	if withNginx {
+		for i := range c.nginxPods {
+			b = append(b, "nginx: endpoint="...)
+			b = c.nginxPods[i].appendHostPort(b)
+			b = append(b, '\n')
+		}
+	}
+	if withRouter {
+		for i := range c.cartPods {
+			b = append(b, "router: url=http://"...)
+			b = c.cartPods[i].appendHostPort(b)
+			b = append(b, "/workers\n"...)
+		}
+	}
+	return b
+}
+
+// backendGPU derives the backends' short GPU name. Backends without a
+// (recognisable) label are ignored; when the others disagree the result is
+// empty and disagree lists the names found.
+func (c *compilation) backendGPU() (gpu string, disagree []string) {
+	var names []string
+	for i := range c.backends {
+		if s := ShortGPU(c.backends[i].gpu); s != "" && !slices.Contains(names, s) {
+			names = append(names, s)
+		}
+	}
+	switch len(names) {
+	case 0:
+		return "", nil
+	case 1:
+		return names[0], nil
+	}
+	slices.Sort(names)
+	return "", names
+}
+
+var reGPUToken = regexp.MustCompile(`^[A-Za-z0-9]+$`)
+
+// gpuVendorWords are dropped from the front of a product label.
+var gpuVendorWords = map[string]bool{"NVIDIA": true, "Tesla": true, "GeForce": true, "Quadro": true}
+
+// gpuSeriesWords join the following token: RTX-4090 → RTX4090.
+var gpuSeriesWords = map[string]bool{"RTX": true, "GTX": true, "TITAN": true}
+
+// ShortGPU turns an nvidia.com/gpu.product label into a short GPU name:
+// split on '-', drop leading vendor/brand words (NVIDIA, Tesla, GeForce,
+// Quadro), take the next word, joined with the word after it when it is a
+// series word (RTX, GTX, TITAN). Form factor, memory and MIG suffixes
+// (SXM4, 80GB, HBM3, PCIe, MIG-…) are dropped:
+//
+//	NVIDIA-H100-80GB-HBM3    → H100
+//	NVIDIA-A100-SXM4-80GB    → A100
+//	NVIDIA-GeForce-RTX-4090  → RTX4090
+//	NVIDIA-L40S              → L40S
+//	Tesla-V100-SXM2-16GB     → V100
+//
+// It returns "" for an empty label or one it cannot read (a word with
+// characters other than letters and digits).
+func ShortGPU(product string) string {
+	words := strings.Split(product, "-")
+	i := 0
+	for i < len(words) && gpuVendorWords[words[i]] {
+		i++
+	}
+	if i >= len(words) || !reGPUToken.MatchString(words[i]) {
+		return ""
+	}
+	name := words[i]
+	if gpuSeriesWords[strings.ToUpper(name)] && i+1 < len(words) && reGPUToken.MatchString(words[i+1]) {
+		name += words[i+1]
+	}
+	return name
+}

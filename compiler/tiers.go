@@ -1,0 +1,87 @@
+package compiler
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// tier is one rendered peer group.
+type tier struct {
+	use      string
+	priority int32
+	// maxConc is the per-peer concurrency limit; 0 = none rendered.
+	maxConc int64
+	// probe is the health-probe path; "" = none rendered.
+	probe string
+	peers []endpoint
+}
+
+// tiers resolves spec.nginx.peers against the snapshot, highest priority
+// first (spec order among equal priorities). A tier without peers is skipped
+// with a warning; no tier at all is ErrNoPeers.
+func (c *compilation) tiers(llm bool) ([]tier, error) {
+	spec := c.route.Spec
+	var backendLimit int64
+	for _, p := range spec.Nginx.Peers {
+		if p.Use == v1alpha1.UseBackend {
+			backendLimit = int64(p.MaxConcurrency)
+		}
+	}
+	defaultMax := int64(0)
+	if llm {
+		if v, ok := spec.Nginx.Values["default_max"]; ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil && n > 0 {
+				defaultMax = n
+			} else {
+				c.warnf("spec.nginx.values.default_max %q is not a positive whole number; tiers without maxConcurrency render no max_concurrency (the engine's own default applies)", v)
+			}
+		}
+	}
+	out := make([]tier, 0, len(spec.Nginx.Peers))
+	for i, p := range spec.Nginx.Peers {
+		t := tier{use: p.Use, priority: p.Priority, maxConc: int64(p.MaxConcurrency), probe: p.ProbePath}
+		switch p.Use {
+		case v1alpha1.UseCart:
+			if c.cartSvc == nil {
+				c.warnf("spec.nginx.peers[%d] (use: cart) skipped: the CART Service has no ClusterIP in the snapshot", i)
+				continue
+			}
+			t.peers = []endpoint{*c.cartSvc}
+			if p.MaxConcurrencyFromBackend {
+				t.maxConc = backendLimit * int64(len(c.backends))
+			}
+			if t.probe == "" {
+				t.probe = "/health"
+			}
+		case v1alpha1.UseBackend:
+			t.peers = c.backends
+		case v1alpha1.UseBackendSvc:
+			if c.backendSvc == nil {
+				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: the backend has no Service ClusterIP (selector discovery or a headless Service), so there is no static last-resort tier", i)
+				continue
+			}
+			t.peers = []endpoint{*c.backendSvc}
+		default:
+			c.warnf("spec.nginx.peers[%d] skipped: unknown use %q", i, p.Use)
+			continue
+		}
+		if llm {
+			if t.maxConc == 0 {
+				t.maxConc = defaultMax
+			}
+			if t.probe == "" {
+				t.probe = spec.Nginx.Values["health_probe_path"]
+			}
+		}
+		out = append(out, t)
+	}
+	if len(out) == 0 {
+		return nil, ErrNoPeers
+	}
+	slices.SortStableFunc(out, func(a, b tier) int { return cmp.Compare(b.priority, a.priority) })
+	return out, nil
+}

@@ -1,0 +1,301 @@
+package compiler
+
+import (
+	"fmt"
+	"math/big"
+	"regexp"
+	"strconv"
+	"strings"
+
+)
+
+// Video option defaults; the schema fills the same ones, these cover a
+// route that reaches the compiler without them.
+var videoDefaults = map[string]string{
+	"max_body_size":     "64m",
+	"proxy_timeout":     "3600s",
+	"connect_timeout":   "10s",
+	"auth_public_paths": "~^/v2/video_generation/[^/]+/content$",
+	"upload_limit_key":  "$http_x_real_ip",
+}
+
+// Forms of the values written unquoted into directives. The schema enforces
+// the same; checking again here means no value can inject a directive even
+// when a caller skipped validation.
+var (
+	reSize     = regexp.MustCompile(`^[0-9]{1,12}[kKmMgG]?$`)
+	reTime     = regexp.MustCompile(`^([0-9]{1,9}(ms|s|m|h|d))+$|^[0-9]{1,9}$`)
+	reCount    = regexp.MustCompile(`^[1-9][0-9]{0,8}$`)
+	reBurst    = regexp.MustCompile(`^[0-9]{1,9}$`)
+	reReqRate  = regexp.MustCompile(`^[1-9][0-9]{0,8}r/[sm]$`)
+	reVar      = regexp.MustCompile(`^\$[a-z_][a-z0-9_]*$`)
+	reBitsRate = regexp.MustCompile(`^([0-9]+(\.[0-9]+)?)(bps|Kbps|Mbps|Gbps)$`)
+)
+
+// videoUpstreamTries bounds proxy_next_upstream_tries: a refused
+// connection moves on to another peer, but a request never walks a whole
+// large pool.
+const videoUpstreamTries = 3
+
+// renderVideo writes the video route file: a plain reverse proxy (see
+// docs/outputs.md).
+func (c *compilation) renderVideo() ([]byte, error) {
+	tiers, err := c.tiers(false)
+	if err != nil {
+		return nil, err
+	}
+	val := func(k string) string {
+		if v, ok := c.route.Spec.Nginx.Values[k]; ok {
+			return v
+		}
+		return videoDefaults[k]
+	}
+	check := func(k string, re *regexp.Regexp) (string, error) {
+		v := val(k)
+		if v != "" && !re.MatchString(v) {
+			return "", fmt.Errorf("spec.nginx.values.%s %q is not in a form nginx accepts", k, v)
+		}
+		return v, nil
+	}
+	bodySize, err := check("max_body_size", reSize)
+	if err != nil {
+		return nil, err
+	}
+	proxyTimeout, err := check("proxy_timeout", reTime)
+	if err != nil {
+		return nil, err
+	}
+	connectTimeout, err := check("connect_timeout", reTime)
+	if err != nil {
+		return nil, err
+	}
+	connLimit, err := check("upload_conn_limit", reCount)
+	if err != nil {
+		return nil, err
+	}
+	reqLimit, err := check("upload_req_limit", reReqRate)
+	if err != nil {
+		return nil, err
+	}
+	reqBurst, err := check("upload_req_burst", reBurst)
+	if err != nil {
+		return nil, err
+	}
+	limitKey, err := check("upload_limit_key", reVar)
+	if err != nil {
+		return nil, err
+	}
+	var rate, rateAfter string
+	if r := val("rate_limit"); r != "" {
+		if rate, err = RateLimitBytes(r); err != nil {
+			return nil, fmt.Errorf("spec.nginx.values.rate_limit: %w", err)
+		}
+		after := val("rate_limit_after")
+		if after == "" {
+			after = "1m"
+		}
+		if !reSize.MatchString(after) {
+			return nil, fmt.Errorf("spec.nginx.values.rate_limit_after %q is not an nginx size", after)
+		}
+		rateAfter = nginxSize(after)
+	}
+	for _, v := range []string{bodySize, proxyTimeout, connectTimeout} {
+		if v == "" {
+			return nil, fmt.Errorf("max_body_size, proxy_timeout and connect_timeout must not be empty")
+		}
+	}
+
+	up := upstreamName(c.name)
+	n := 0
+	for _, t := range tiers {
+		n += len(t.peers)
+	}
+	b := make([]byte, 0, 4096+96*n)
+	b = c.appendHeader(b)
+
+	// http-level directives: this file is included inside http{}, shared
+	// with every other route, so every name carries the route's identifier.
+	if connLimit != "" {
+		b = append(b, "limit_conn_zone "...)
+		b = append(b, limitKey...)
+		b = append(b, " zone="...)
+		b = append(b, up...)
+		b = append(b, "_conn:1m;\n"...)
+	}
+	if reqLimit != "" {
+		b = append(b, "limit_req_zone "...)
+		b = append(b, limitKey...)
+		b = append(b, " zone="...)
+		b = append(b, up...)
+		b = append(b, "_req:1m rate="...)
+		b = append(b, reqLimit...)
+		b = append(b, ";\n"...)
+	}
+	b = append(b, "map $http_x_forwarded_proto $"...)
+	b = append(b, up...)
+	b = append(b, "_fwd_proto {\n    default $http_x_forwarded_proto;\n    \"\" $scheme;\n}\nmap $http_x_forwarded_host $"...)
+	b = append(b, up...)
+	b = append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
+
+	// The highest tier is primary; lower tiers are backup servers, used
+	// only while every primary is down (not while one answers 503).
+	b = append(b, "upstream "...)
+	b = append(b, up...)
+	b = append(b, " {\n    zone "...)
+	b = append(b, up...)
+	b = append(b, ' ', ' ')
+	b = strconv.AppendInt(b, int64(64+n), 10)
+	b = append(b, "k;\n"...)
+	for ti, t := range tiers {
+		for i := range t.peers {
+			b = append(b, "    server "...)
+			b = t.peers[i].appendHostPort(b)
+			b = append(b, " max_fails=3 fail_timeout=10s"...)
+			if t.maxConc > 0 {
+				b = append(b, " max_conns="...)
+				b = strconv.AppendInt(b, t.maxConc, 10)
+			}
+			if ti > 0 && t.priority < tiers[0].priority {
+				b = append(b, " backup"...)
+			}
+			b = append(b, ";\n"...)
+		}
+	}
+	b = append(b, "}\n\n"...)
+
+	b = c.appendServerHead(b)
+	b = append(b, "    client_max_body_size "...)
+	b = append(b, bodySize...)
+	b = append(b, ";\n\n    location / {\n"...)
+	b = c.appendStrip(b)
+	if keys := val("api_keys"); keys != "" {
+		b = appendVideoAuth(b, keys, val("auth_public_paths"))
+	}
+	if connLimit != "" {
+		b = append(b, "        limit_conn "...)
+		b = append(b, up...)
+		b = append(b, "_conn "...)
+		b = append(b, connLimit...)
+		b = append(b, ";\n"...)
+	}
+	if reqLimit != "" {
+		b = append(b, "        limit_req zone="...)
+		b = append(b, up...)
+		b = append(b, "_req"...)
+		if reqBurst != "" {
+			b = append(b, " burst="...)
+			b = append(b, reqBurst...)
+		}
+		b = append(b, ";\n"...)
+	}
+	b = append(b, "        proxy_pass http://"...)
+	b = append(b, up...)
+	b = append(b, ";\n"...)
+	b = append(b, `        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Real-IP $remote_addr;
+        proxy_set_header X-Forwarded-For $remote_addr;
+        proxy_set_header X-Forwarded-Host $`...)
+	b = append(b, up...)
+	b = append(b, "_fwd_host;\n        proxy_set_header X-Forwarded-Proto $"...)
+	b = append(b, up...)
+	b = append(b, "_fwd_proto;\n        proxy_set_header Range $http_range;\n        proxy_set_header If-Range $http_if_range;\n        proxy_connect_timeout "...)
+	b = append(b, connectTimeout...)
+	b = append(b, ";\n        proxy_read_timeout "...)
+	b = append(b, proxyTimeout...)
+	b = append(b, ";\n        proxy_send_timeout "...)
+	b = append(b, proxyTimeout...)
+	b = append(b, ";\n        # A refused or timed-out connection moves on to another peer (nothing\n        # was sent); a 503 answer is passed back and ejects no one.\n        proxy_next_upstream error timeout;\n        proxy_next_upstream_tries "...)
+	b = strconv.AppendInt(b, videoUpstreamTries, 10)
+	b = append(b, ";\n"...)
+	if rate == "" {
+		b = append(b, "        proxy_buffering off;\n"...)
+	} else {
+		// limit_rate is ignored while proxy_buffering is off; buffer in
+		// memory only, so a slow client back-pressures the upstream.
+		b = append(b, "        proxy_buffering on;\n        proxy_max_temp_file_size 0;\n        proxy_ignore_headers X-Accel-Buffering X-Accel-Limit-Rate;\n        limit_rate "...)
+		b = append(b, rate...)
+		b = append(b, ";\n        limit_rate_after "...)
+		b = append(b, rateAfter...)
+		b = append(b, ";\n"...)
+	}
+	b = append(b, "    }\n}\n"...)
+	return b, nil
+}
+
+// appendVideoAuth renders the API key check: lua compares the Bearer token
+// byte for byte with each key (an nginx map would compare plain strings
+// case-insensitively), after the public-path exemption. Keys and the path
+// go through LuaString, so no byte of them reaches nginx's or lua's lexer
+// unescaped.
+func appendVideoAuth(b []byte, keys, public string) []byte {
+	b = append(b, "        access_by_lua_block {\n            local uri = ngx.var.uri\n"...)
+	switch {
+	case public == "":
+		b = append(b, "            local public = false\n"...)
+	case strings.HasPrefix(public, "~*"):
+		b = append(b, "            local public = ngx.re.find(uri, "...)
+		b = appendLuaString(b, public[2:])
+		b = append(b, ", \"joi\") ~= nil\n"...)
+	case strings.HasPrefix(public, "~"):
+		b = append(b, "            local public = ngx.re.find(uri, "...)
+		b = appendLuaString(b, public[1:])
+		b = append(b, ", \"jo\") ~= nil\n"...)
+	default:
+		b = append(b, "            local public = uri == "...)
+		b = appendLuaString(b, public)
+		b = append(b, "\n"...)
+	}
+	b = append(b, "            if not public then\n                local auth = ngx.var.http_authorization\n                local token = auth and string.match(auth, \"^[Bb][Ee][Aa][Rr][Ee][Rr] +(.+)$\")\n                if not token or not ("...)
+	for i, k := range strings.Split(keys, ",") {
+		if i > 0 {
+			b = append(b, " or "...)
+		}
+		b = append(b, "token == "...)
+		b = appendLuaString(b, k)
+	}
+	b = append(b, ") then\n                    ngx.header[\"WWW-Authenticate\"] = \"Bearer\"\n                    return ngx.exit(401)\n                end\n            end\n        }\n"...)
+	return b
+}
+
+// RateLimitBytes converts a video rate_limit to the bytes per second
+// limit_rate takes: bits per second (bps, Kbps, Mbps, Gbps; decimal units,
+// fractions allowed) are divided by 8 and rounded down, "200Mbps" →
+// "25000000", "1.5Gbps" → "187500000"; nginx sizes pass through ("25m",
+// "512k", plain bytes), except "g", which limit_rate does not accept and
+// which becomes plain bytes.
+func RateLimitBytes(v string) (string, error) {
+	if m := reBitsRate.FindStringSubmatch(v); m != nil {
+		r, ok := new(big.Rat).SetString(m[1])
+		if !ok {
+			return "", fmt.Errorf("%q: bad number", v)
+		}
+		unit := map[string]int64{"bps": 1, "Kbps": 1e3, "Mbps": 1e6, "Gbps": 1e9}[m[3]]
+		r.Mul(r, big.NewRat(unit, 8))
+		q := new(big.Int).Quo(r.Num(), r.Denom())
+		if q.Sign() <= 0 {
+			return "", fmt.Errorf("%q is less than one byte per second", v)
+		}
+		if !q.IsInt64() {
+			return "", fmt.Errorf("%q is too large", v)
+		}
+		return q.String(), nil
+	}
+	if !reSize.MatchString(v) || v == "0" {
+		return "", fmt.Errorf("%q is neither bits per second (200Mbps) nor an nginx size (25m)", v)
+	}
+	return nginxSize(v), nil
+}
+
+// nginxSize rewrites a "g" size as plain bytes (nginx's size parser, used
+// by limit_rate and limit_rate_after, knows only k and m).
+func nginxSize(v string) string {
+	if last := v[len(v)-1]; last == 'g' || last == 'G' {
+		n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+		if err == nil && n <= 1<<33 {
+			return strconv.FormatInt(n<<30, 10)
+		}
+	}
+	return v
+}
