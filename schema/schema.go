@@ -70,8 +70,10 @@ func New() (*Validator, error) {
 		return nil, fmt.Errorf("compile schema: %w", err)
 	}
 	def := v.LookupPath(cue.ParsePath(Definition))
-	if err := def.Err(); err != nil {
-		return nil, fmt.Errorf("schema has no %s: %w", Definition, err)
+	// def.Err would report the definition's incomplete values (it has no
+	// data yet); existence is what matters here.
+	if !def.Exists() {
+		return nil, fmt.Errorf("schema has no %s", Definition)
 	}
 	return &Validator{ctx: ctx, def: def}, nil
 }
@@ -218,6 +220,20 @@ func problems(filename string, docLine int, err error) []Problem {
 			continue
 		}
 		path := strings.Join(e.Path(), ".")
+		if f, ok := strings.CutPrefix(msg, "required field missing: "); ok {
+			// CUE names the missing field in the message, not the path.
+			path = strings.TrimPrefix(path+"."+f, ".")
+			msg = "field is required but not present"
+		}
+		// Two failures CUE reports without a useful path: a missing
+		// metadata.name (seen through the rule guard _named) and a peer
+		// without use (seen through the rules comparing it).
+		switch {
+		case path == "_named":
+			path, msg = "metadata.name", "field is required but not present"
+		case strings.Contains(msg, `non-concrete value =~"^(cart|backend|backend-svc)$"`):
+			path, msg = "spec.nginx.peers", "every peer needs use: cart, backend or backend-svc; add it"
+		}
 		line := 0
 		for _, p := range append([]token.Pos{e.Position()}, e.InputPositions()...) {
 			if p.IsValid() && p.Filename() == filename {
@@ -247,7 +263,7 @@ func problems(filename string, docLine int, err error) []Problem {
 // no error() of their own) into words that say what to do.
 func humanize(msg string) string {
 	switch {
-	case msg == "field is required but not present":
+	case msg == "field is required but not present", strings.HasPrefix(msg, "incomplete value"):
 		return "this field is required; add it"
 	case strings.HasPrefix(msg, "field not allowed"):
 		return "unknown field; remove it or check its spelling against the ModelRoute reference"
