@@ -1,0 +1,183 @@
+// Package controller reconciles ModelRoutes: discover the route's endpoints,
+// compile them with the validated spec, write the outputs into the
+// consumers' ConfigMaps, report status.
+//
+// Reconcile shape (STYLE habit 7): get (ignore not-found) → deferred status
+// patch → ordered small steps, each of which may stop the chain. Spec errors
+// that retrying cannot fix end in a condition, an event and
+// reconcile.TerminalError; everything that waits on the cluster (no
+// backends, a missing ConfigMap, a port that cannot be derived) waits on the
+// watches instead of a timer, because every input is watched.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/sink"
+)
+
+// Finalizer removes the route's keys from the output ConfigMaps before the
+// route goes away.
+const Finalizer = "routing.modelsphere.dev/cleanup"
+
+// Name is the controller's name (events' reportingController, metrics).
+const Name = "autoconfig"
+
+// Log verbosity levels (logr V levels).
+const (
+	levelDebug = 1
+	levelTrace = 2
+)
+
+// Validator validates and defaults a route (schema.Validator).
+type Validator interface {
+	ValidateObject(*v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error)
+}
+
+// CompileFunc renders a route (compiler.Compile).
+type CompileFunc func(*v1alpha1.ModelRoute, compiler.Snapshot, compiler.Options) (compiler.Result, error)
+
+// Reconciler reconciles ModelRoutes. Dependencies are fields so tests can
+// count writes (a wrapping Client) or use another validator.
+type Reconciler struct {
+	// Client reads from the cache and writes to the API server.
+	Client client.Client
+	// APIReader reads around the cache (after a write conflict).
+	APIReader client.Reader
+	// Recorder emits events on condition transitions.
+	Recorder events.EventRecorder
+	// Validator validates and defaults specs, once per generation.
+	Validator Validator
+	// Compile renders outputs; nil = compiler.Compile.
+	Compile CompileFunc
+	// CompileOptions are passed to every Compile.
+	CompileOptions compiler.Options
+
+	discovery *discovery.Reader
+	writer    *sink.Writer
+	specs     specCache
+	owned     ownership
+}
+
+// state is one reconcile's working set, passed along the steps.
+type state struct {
+	route  *v1alpha1.ModelRoute // live object; its Status is patched at the end
+	spec   *v1alpha1.ModelRoute // validated, defaulted copy
+	snap   compiler.Snapshot
+	result compiler.Result
+}
+
+// step is one stage of a reconcile. done=true ends the chain successfully
+// (e.g. waiting for backends); an error ends it with that error.
+type step func(ctx context.Context, st *state) (done bool, err error)
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+	route := &v1alpha1.ModelRoute{}
+	if err := r.Client.Get(ctx, req.NamespacedName, route); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("get route: %w", err)
+	}
+	if !route.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.reconcileDelete(ctx, route)
+	}
+	if err := r.ensureFinalizer(ctx, route); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	orig := route.DeepCopy()
+	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
+
+	st := &state{route: route}
+	for _, s := range []step{r.reconcileSpec, r.reconcileDiscovery, r.reconcileCompile, r.reconcileOutputs} {
+		done, err := s(ctx, st)
+		if err != nil || done {
+			return ctrl.Result{}, err
+		}
+	}
+	markReady(st)
+	return ctrl.Result{}, nil
+}
+
+// patchStatus writes status once, only when it changed, and emits an event
+// when the Ready condition changed. A retryable error is reflected as
+// Reconciling=True; a terminal one was already turned into a condition.
+func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.ModelRoute, retErr error) error {
+	if retErr != nil && !errors.Is(retErr, reconcile.TerminalError(nil)) {
+		markRetrying(route, retErr)
+	}
+	r.emitTransition(orig, route)
+	if equality.Semantic.DeepEqual(orig.Status, route.Status) {
+		return retErr
+	}
+	if err := r.Client.Status().Patch(ctx, route, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+		return errors.Join(retErr, fmt.Errorf("patch status: %w", err))
+	}
+	ctrl.LoggerFrom(ctx).V(levelDebug).Info("status updated", "backends", route.Status.Backends, "ready", readyReason(route))
+	return retErr
+}
+
+func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelRoute) error {
+	if controllerutil.ContainsFinalizer(route, Finalizer) {
+		return nil
+	}
+	orig := route.DeepCopy()
+	controllerutil.AddFinalizer(route, Finalizer)
+	if err := r.Client.Patch(ctx, route, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("add finalizer: %w", err)
+	}
+	return nil
+}
+
+// forget drops what the reconciler remembers about a route that is gone.
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.owned.set(key, nil)
+	r.specs.forgetName(key)
+}
+
+// ownership remembers the keys each route last rendered (ConfigMap →
+// keys), so a ConfigMap event re-renders only the routes whose keys
+// changed, and keys a route stops rendering (renamed route, moved output)
+// are removed.
+type ownership struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]map[string][]string
+}
+
+func (o *ownership) get(key types.NamespacedName) (map[string][]string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	v, ok := o.m[key]
+	return v, ok
+}
+
+func (o *ownership) set(key types.NamespacedName, v map[string][]string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if v == nil {
+		delete(o.m, key)
+		return
+	}
+	if o.m == nil {
+		o.m = map[types.NamespacedName]map[string][]string{}
+	}
+	o.m[key] = v
+}

@@ -1,0 +1,126 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// Condition types, as kstatus reads them: Ready is the summary; Reconciling
+// (work in progress or waiting for the cluster) and Stalled (cannot progress
+// without a change by someone) are present only while true.
+const (
+	TypeReady       = "Ready"
+	TypeReconciling = "Reconciling"
+	TypeStalled     = "Stalled"
+)
+
+// Condition reasons.
+const (
+	// ReasonReconciled: every output holds the current rendering.
+	ReasonReconciled = "Reconciled"
+	// ReasonNoBackends: discovery found no backends; the last good output
+	// is kept (an empty list is never written).
+	ReasonNoBackends = "NoBackends"
+	// ReasonOutputConfigMapMissing: an output ConfigMap does not exist
+	// (never created by autoconfig; written when it appears).
+	ReasonOutputConfigMapMissing = "OutputConfigMapMissing"
+	// ReasonInvalidSpec: the spec breaks the schema.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonNotPermitted: an output ConfigMap in another namespace does not
+	// allow the route's namespace.
+	ReasonNotPermitted = "NotPermitted"
+	// ReasonPortNotDerivable: discovery cannot tell which port to use.
+	ReasonPortNotDerivable = "PortNotDerivable"
+	// ReasonCompileFailed: the compiler refused the snapshot.
+	ReasonCompileFailed = "CompileFailed"
+	// ReasonRenderFailed: an output could not be rendered from the
+	// ConfigMap's current content (e.g. CART base config missing).
+	ReasonRenderFailed = "OutputRenderFailed"
+	// ReasonRetrying: a transient error; the workqueue retries with backoff.
+	ReasonRetrying = "Retrying"
+)
+
+func setCondition(route *v1alpha1.ModelRoute, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&route.Status.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: truncate(msg),
+		ObservedGeneration: route.Generation,
+	})
+}
+
+// markReady: everything written.
+func markReady(st *state) {
+	route := st.route
+	msg := fmt.Sprintf("%d backends written to %d outputs", len(st.snap.Backends), len(st.result.Outputs))
+	if len(st.result.Warnings) > 0 {
+		msg += "; " + strings.Join(st.result.Warnings, "; ")
+	}
+	setCondition(route, TypeReady, metav1.ConditionTrue, ReasonReconciled, msg)
+	meta.RemoveStatusCondition(&route.Status.Conditions, TypeReconciling)
+	meta.RemoveStatusCondition(&route.Status.Conditions, TypeStalled)
+	route.Status.ObservedGeneration = route.Generation
+}
+
+// markStalled: cannot progress until the spec or a ConfigMap changes.
+func markStalled(route *v1alpha1.ModelRoute, reason, msg string) {
+	setCondition(route, TypeReady, metav1.ConditionFalse, reason, msg)
+	setCondition(route, TypeStalled, metav1.ConditionTrue, reason, msg)
+	meta.RemoveStatusCondition(&route.Status.Conditions, TypeReconciling)
+	route.Status.ObservedGeneration = route.Generation
+}
+
+// markWaiting: healthy spec, waiting for the cluster (e.g. backends).
+func markWaiting(route *v1alpha1.ModelRoute, reason, msg string) {
+	setCondition(route, TypeReady, metav1.ConditionFalse, reason, msg)
+	setCondition(route, TypeReconciling, metav1.ConditionTrue, reason, msg)
+	meta.RemoveStatusCondition(&route.Status.Conditions, TypeStalled)
+	route.Status.ObservedGeneration = route.Generation
+}
+
+// markRetrying: a transient error; Ready keeps its last status (the outputs
+// written before are still in place) unless it was never set.
+func markRetrying(route *v1alpha1.ModelRoute, err error) {
+	if meta.FindStatusCondition(route.Status.Conditions, TypeReady) == nil {
+		setCondition(route, TypeReady, metav1.ConditionUnknown, ReasonRetrying, err.Error())
+	}
+	setCondition(route, TypeReconciling, metav1.ConditionTrue, ReasonRetrying, err.Error())
+}
+
+func readyReason(route *v1alpha1.ModelRoute) string {
+	if c := meta.FindStatusCondition(route.Status.Conditions, TypeReady); c != nil {
+		return string(c.Status) + "/" + c.Reason
+	}
+	return ""
+}
+
+// emitTransition records one event when the Ready condition changes status
+// or reason: state transitions, not every reconcile.
+func (r *Reconciler) emitTransition(orig, route *v1alpha1.ModelRoute) {
+	if r.Recorder == nil {
+		return
+	}
+	before := meta.FindStatusCondition(orig.Status.Conditions, TypeReady)
+	after := meta.FindStatusCondition(route.Status.Conditions, TypeReady)
+	if after == nil || (before != nil && before.Status == after.Status && before.Reason == after.Reason) {
+		return
+	}
+	typ := corev1.EventTypeNormal
+	if after.Status != metav1.ConditionTrue {
+		typ = corev1.EventTypeWarning
+	}
+	r.Recorder.Eventf(route, nil, typ, after.Reason, "Reconcile", "%s", after.Message)
+}
+
+// truncate keeps condition messages within the API's 32768-byte limit.
+func truncate(s string) string {
+	const max = 32000
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}

@@ -1,0 +1,231 @@
+package controller
+
+import (
+	"context"
+	"reflect"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/sink"
+)
+
+// CacheOptions are the manager cache options the controller needs: managed
+// fields stripped from everything, pods stripped to what discovery reads,
+// and, when namespaces is not empty, namespaced objects cached only there
+// (Nodes are cluster-scoped and always cached, metadata only).
+func CacheOptions(namespaces []string) cache.Options {
+	o := cache.Options{
+		DefaultTransform: discovery.StripManagedFields,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Transform: discovery.StripPod},
+		},
+	}
+	if len(namespaces) > 0 {
+		o.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			o.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	return o
+}
+
+// SetupWithManager registers the field indexes and the controller with its
+// watches. maxConcurrent is the number of parallel reconciles (0 = 1).
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, maxConcurrent int) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	r.discovery = &discovery.Reader{Client: r.Client}
+	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader}
+	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(Name).
+		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.mapPod), builder.WithPredicates(podChanged())).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
+		Watches(&corev1.ConfigMap{}, r.configMapHandler()).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)}).
+		Complete(r)
+}
+
+// routeChanged passes spec changes (generation) and the start of deletion;
+// our own status and finalizer patches do not re-trigger a reconcile.
+func routeChanged() predicate.Predicate {
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	})
+}
+
+// podChanged drops pod updates that change nothing discovery reads (the
+// cache holds stripped pods, so only the resourceVersion differs then).
+func podChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		a, errA := discovery.StripPod(e.ObjectOld)
+		b, errB := discovery.StripPod(e.ObjectNew)
+		if errA != nil || errB != nil {
+			return true
+		}
+		pa, okA := a.(*corev1.Pod)
+		pb, okB := b.(*corev1.Pod)
+		if !okA || !okB {
+			return true
+		}
+		pa.ResourceVersion, pb.ResourceVersion = "", ""
+		return !reflect.DeepEqual(pa, pb)
+	}}
+}
+
+// gpuLabelChanged passes node events that can change a gpuType: a new node,
+// or a changed nvidia.com/gpu.product label.
+func gpuLabelChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetLabels()[discovery.GPUProductLabel] != e.ObjectNew.GetLabels()[discovery.GPUProductLabel]
+		},
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+	}
+}
+
+// routesBy lists the routes whose index holds value.
+func (r *Reconciler) routesBy(ctx context.Context, index, value string) []v1alpha1.ModelRoute {
+	var l v1alpha1.ModelRouteList
+	if err := r.Client.List(ctx, &l, client.MatchingFields{index: value}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "list routes by index", "index", index, "value", value)
+		return nil
+	}
+	return l.Items
+}
+
+func requests(routes []v1alpha1.ModelRoute) []reconcile.Request {
+	out := make([]reconcile.Request, len(routes))
+	for i := range routes {
+		out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&routes[i])}
+	}
+	return out
+}
+
+func (r *Reconciler) mapSlice(ctx context.Context, o client.Object) []reconcile.Request {
+	svc := o.GetLabels()[discoveryv1.LabelServiceName]
+	if svc == "" {
+		return nil
+	}
+	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+svc))
+}
+
+func (r *Reconciler) mapService(ctx context.Context, o client.Object) []reconcile.Request {
+	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName()))
+}
+
+// mapPod maps a pod to the selector routes of its namespace whose selectors
+// match it (the index narrows to one namespace's selector routes).
+func (r *Reconciler) mapPod(ctx context.Context, o client.Object) []reconcile.Request {
+	var out []reconcile.Request
+	set := labels.Set(o.GetLabels())
+	for _, rt := range r.routesBy(ctx, discovery.IndexRouteSelectorNamespace, o.GetNamespace()) {
+		for _, s := range discovery.RouteSelectors(&rt) {
+			if sel, err := labels.Parse(s); err == nil && sel.Matches(set) {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&rt)})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// mapNode maps a node to the routes with endpoints on it: through the
+// slices and pods on that node.
+func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.Request {
+	seen := map[types.NamespacedName]bool{}
+	var out []reconcile.Request
+	add := func(reqs []reconcile.Request) {
+		for _, q := range reqs {
+			if !seen[q.NamespacedName] {
+				seen[q.NamespacedName] = true
+				out = append(out, q)
+			}
+		}
+	}
+	var sl discoveryv1.EndpointSliceList
+	if err := r.Client.List(ctx, &sl, client.MatchingFields{discovery.IndexSliceNode: o.GetName()}); err == nil {
+		for i := range sl.Items {
+			add(r.mapSlice(ctx, &sl.Items[i]))
+		}
+	}
+	var pl corev1.PodList
+	if err := r.Client.List(ctx, &pl, client.MatchingFields{discovery.IndexPodNode: o.GetName()}); err == nil {
+		for i := range pl.Items {
+			add(r.mapPod(ctx, &pl.Items[i]))
+		}
+	}
+	return out
+}
+
+// configMapHandler re-renders routes on output ConfigMap events: all
+// referencing routes when it appears, disappears or its
+// allowed-route-namespaces annotation changes; otherwise only the routes
+// whose own keys changed (someone edited them, or the CART chart changed
+// the base config), so one route's write does not re-render its neighbours.
+func (r *Reconciler) configMapHandler() handler.EventHandler {
+	all := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range requests(r.routesBy(ctx, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
+			q.Add(req)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			all(ctx, e.Object, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			all(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			oldCM, ok1 := e.ObjectOld.(*corev1.ConfigMap)
+			newCM, ok2 := e.ObjectNew.(*corev1.ConfigMap)
+			if !ok1 || !ok2 || oldCM.Annotations[sink.AllowedNamespacesAnnotation] != newCM.Annotations[sink.AllowedNamespacesAnnotation] {
+				all(ctx, e.ObjectNew, q)
+				return
+			}
+			ref := newCM.Namespace + "/" + newCM.Name
+			for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
+				key := client.ObjectKeyFromObject(&rt)
+				owned, known := r.owned.get(key)
+				if !known || slices.ContainsFunc(owned[ref], func(k string) bool { return oldCM.Data[k] != newCM.Data[k] || hasKey(oldCM, k) != hasKey(newCM, k) }) {
+					q.Add(reconcile.Request{NamespacedName: key})
+				}
+			}
+		},
+	}
+}
+
+func hasKey(cm *corev1.ConfigMap, k string) bool {
+	_, ok := cm.Data[k]
+	return ok
+}
