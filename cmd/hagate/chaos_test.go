@@ -59,7 +59,7 @@ func TestChaos(t *testing.T) {
 		case 0:
 			action = "sigkill+restart"
 			r.kill()
-			pause(0, 3*time.Second) // the container stays dead for a while
+			pause(0, 4*time.Second) // dead for a while: sometimes past the 2s Lease
 			r.start()
 		case 1:
 			action = "sigterm+replace"

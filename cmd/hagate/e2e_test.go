@@ -23,7 +23,7 @@ const (
 	crashTakeover = 10 * time.Second
 )
 
-func startPair(t *testing.T) (*cluster, map[string]*replica) {
+func startPair(t testing.TB) (*cluster, map[string]*replica) {
 	c := newCluster(t)
 	rs := map[string]*replica{}
 	for _, p := range []string{"router-a", "router-b"} {
@@ -154,17 +154,19 @@ func TestAppPortClosedHandsOver(t *testing.T) {
 		t.Fatalf("lease holder %q, want %q (the unhealthy leader must give the Lease up)", got, standby)
 	}
 	// Healthy again: it contends, but the standby keeps leading.
+	mark := rs[old].logMark()
 	rs[old].app.open(t)
-	rs[old].waitLog(t, settle, "app healthy; contending")
+	rs[old].waitLog(t, mark, settle, "app healthy; contending")
 	waitTicks(t, rs[old], 3)
 	c.w.waitFor(t, settle, "new leader still active", onlyActive(standby))
 }
 
 func TestUnhealthyReplicaDoesNotContend(t *testing.T) {
 	c := newCluster(t)
-	a := c.addReplica("router-a")
-	a.app.close()
-	a.waitLog(t, settle, "app unhealthy; not contending")
+	a := c.newReplica("router-a", newApp(t))
+	a.app.close() // before hagate starts: it must never contend
+	a.start()
+	a.waitLog(t, 0, settle, "app unhealthy; not contending")
 	waitTicks(t, a, 3)
 	if _, err := c.getLease(); err == nil {
 		t.Fatalf("an unhealthy replica created or holds the Lease (holder %q)", c.leaseHolder())
@@ -178,7 +180,7 @@ func TestRequiredListenerMissingNeverActive(t *testing.T) {
 	// A port nothing listens on (reserved and released by the test).
 	missing := freePort(t)
 	a := c.addReplica("router-a", "--readiness-required-listener="+strconv.Itoa(missing))
-	a.waitLog(t, settle, "required listeners missing")
+	a.waitLog(t, 0, settle, "required listeners missing")
 	waitTicks(t, a, 3)
 	if _, err := c.getLease(); err == nil {
 		t.Fatal("a replica with a missing required listener created the Lease")
@@ -189,12 +191,13 @@ func TestRequiredListenerMissingNeverActive(t *testing.T) {
 
 	// Once the listener exists the first replica is a healthy standby and
 	// takes over when the leader shuts down.
+	mark := a.logMark()
 	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(missing))
 	if err != nil {
 		t.Fatalf("listen on the required port: %v", err)
 	}
 	defer ln.Close()
-	a.waitLog(t, settle, "app healthy; contending")
+	a.waitLog(t, mark, settle, "app healthy; contending")
 	for _, e := range c.w.labelEvents("router-a") {
 		if e.State.Labeled {
 			t.Fatalf("router-a was active while its required listener was missing: %+v", e)
@@ -210,12 +213,7 @@ func TestRequiredListenerMissingNeverActive(t *testing.T) {
 func TestRequiredListenerPresentAllowsActive(t *testing.T) {
 	c := newCluster(t)
 	app := newApp(t)
-	c.createPod("router-a")
-	r := &replica{c: c, pod: "router-a", app: app, args: []string{"--readiness-required-listener=" + strconv.Itoa(app.port)}}
-	c.mu.Lock()
-	c.replicas = append(c.replicas, r)
-	c.mu.Unlock()
-	r.start()
+	c.newReplica("router-a", app, "--readiness-required-listener="+strconv.Itoa(app.port)).start()
 	c.w.waitFor(t, settle, "active with its required listener present", onlyActive("router-a"))
 }
 
@@ -256,15 +254,9 @@ func TestLeaseLostWhileAliveDropsLabel(t *testing.T) {
 func TestMetricsAndHealthz(t *testing.T) {
 	c := newCluster(t)
 	mport, hport := freePort(t), freePort(t)
-	c.createPod("router-a")
-	r := &replica{c: c, pod: "router-a", app: newApp(t), args: []string{
-		"--metrics-addr=127.0.0.1:" + strconv.Itoa(mport),
-		"--health-addr=127.0.0.1:" + strconv.Itoa(hport),
-	}}
-	c.mu.Lock()
-	c.replicas = append(c.replicas, r)
-	c.mu.Unlock()
-	r.start()
+	c.newReplica("router-a", newApp(t),
+		"--metrics-addr=127.0.0.1:"+strconv.Itoa(mport),
+		"--health-addr=127.0.0.1:"+strconv.Itoa(hport)).start()
 	c.w.waitFor(t, settle, "active", onlyActive("router-a"))
 
 	want := []string{"hagate_is_leader 1", "hagate_active 1", "hagate_healthy 1",
@@ -287,7 +279,7 @@ func TestMetricsAndHealthz(t *testing.T) {
 }
 
 // pollHTTP GETs url until ok(body) with status 200, failing at a deadline.
-func pollHTTP(t *testing.T, url string, ok func(string) bool) string {
+func pollHTTP(t testing.TB, url string, ok func(string) bool) string {
 	t.Helper()
 	deadline := time.Now().Add(settle)
 	var last string
@@ -310,7 +302,7 @@ func pollHTTP(t *testing.T, url string, ok func(string) bool) string {
 	}
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -323,7 +315,7 @@ func freePort(t *testing.T) int {
 // waitTicks waits until r has logged n more label-loop passes. hagate logs
 // each pass at debug level, which gives "it had the chance to act" a
 // condition instead of a sleep.
-func waitTicks(t *testing.T, r *replica, n int) {
+func waitTicks(t testing.TB, r *replica, n int) {
 	t.Helper()
 	base := strings.Count(r.logs(), tickMarker)
 	deadline := time.Now().Add(settle)

@@ -147,7 +147,7 @@ func moduleRoot() (string, error) {
 // ---- cluster: one namespace per test ----
 
 type cluster struct {
-	t  *testing.T
+	t  testing.TB
 	ns string
 	w  *podWatcher
 
@@ -155,7 +155,7 @@ type cluster struct {
 	replicas []*replica
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	if !testEnvStarted {
 		t.Fatal("envtest not started")
@@ -177,7 +177,7 @@ func newCluster(t *testing.T) *cluster {
 		}
 		if t.Failed() {
 			for _, r := range rs {
-				t.Logf("---- hagate log %s (gen %d) ----\n%s", r.pod, r.gen, tail(r.logs(), 60))
+				t.Logf("---- hagate log %s (%d starts) ----\n%s", r.pod, r.gen, tail(r.logs(), 80))
 			}
 			t.Logf("---- label history ----\n%s", c.w.history())
 		}
@@ -190,7 +190,7 @@ var rbacDocRE = regexp.MustCompile("(?s)<!-- rbac:begin -->\\s*```yaml\\n(.*?)``
 
 // applyDocsRBAC creates the Role from docs/hagate.md in ns and binds it
 // to the test's hagate user.
-func applyDocsRBAC(t *testing.T, ns string) {
+func applyDocsRBAC(t testing.TB, ns string) {
 	t.Helper()
 	root, err := moduleRoot()
 	if err != nil {
@@ -309,7 +309,7 @@ type appPort struct {
 	ln   net.Listener
 }
 
-func newApp(t *testing.T) *appPort {
+func newApp(t testing.TB) *appPort {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -345,7 +345,7 @@ func (a *appPort) close() {
 
 // open listens on the same port again (retrying while the kernel still
 // holds it).
-func (a *appPort) open(t *testing.T) {
+func (a *appPort) open(t testing.TB) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.ln != nil {
@@ -399,15 +399,22 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// addReplica creates the pod and starts its hagate.
+// addReplica creates the pod and its app port and starts its hagate.
 func (c *cluster) addReplica(pod string, extra ...string) *replica {
 	c.t.Helper()
+	r := c.newReplica(pod, newApp(c.t), extra...)
+	r.start()
+	return r
+}
+
+// newReplica creates the pod; the caller starts hagate.
+func (c *cluster) newReplica(pod string, app *appPort, extra ...string) *replica {
+	c.t.Helper()
 	c.createPod(pod)
-	r := &replica{c: c, pod: pod, app: newApp(c.t), args: extra}
+	r := &replica{c: c, pod: pod, app: app, args: extra}
 	c.mu.Lock()
 	c.replicas = append(c.replicas, r)
 	c.mu.Unlock()
-	r.start()
 	return r
 }
 
@@ -425,14 +432,21 @@ func (r *replica) start() {
 	}, leaseArgs...)
 	args = append(args, r.args...)
 	cmd := exec.Command(hagateBin, args...)
-	buf := &syncBuffer{}
+	r.mu.Lock()
+	if r.buf == nil {
+		r.buf = &syncBuffer{}
+	}
+	buf := r.buf
+	r.mu.Unlock()
+	fmt.Fprintf(buf, "==== start %d ====\n", r.gen+1)
+	mark := len(buf.String())
 	cmd.Stdout, cmd.Stderr = buf, buf
 	if err := cmd.Start(); err != nil {
 		r.c.t.Fatal(err)
 	}
 	done := make(chan struct{})
 	r.mu.Lock()
-	r.cmd, r.buf, r.done = cmd, buf, done
+	r.cmd, r.done = cmd, done
 	r.gen++
 	r.mu.Unlock()
 	go func() {
@@ -442,6 +456,9 @@ func (r *replica) start() {
 		r.mu.Unlock()
 		close(done)
 	}()
+	// Like a container that has started: hagate is up and handles
+	// signals before the test (kubelet) sends any.
+	r.waitLog(r.c.t, mark, settle, `msg=starting`)
 }
 
 func (r *replica) logs() string {
@@ -532,7 +549,7 @@ type podWatcher struct {
 	longestGap time.Duration
 }
 
-func startWatcher(t *testing.T, ns string) *podWatcher {
+func startWatcher(t testing.TB, ns string) *podWatcher {
 	t.Helper()
 	w := &podWatcher{pods: map[string]podState{}, changed: make(chan struct{}), start: time.Now()}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -554,6 +571,9 @@ func startWatcher(t *testing.T, ns string) *podWatcher {
 			}
 			for ev := range wi.ResultChan() {
 				if ev.Type == watch.Error {
+					if ctx.Err() != nil {
+						break
+					}
 					w.violate(fmt.Sprintf("watch error: %v", apierrors.FromObject(ev.Object)))
 					continue
 				}
@@ -644,7 +664,7 @@ func (w *podWatcher) observe(typ watch.EventType, p *corev1.Pod) {
 
 // waitFor blocks until cond holds on the watched pods, failing the test
 // at the deadline. It returns how long it waited.
-func (w *podWatcher) waitFor(t *testing.T, timeout time.Duration, what string, cond func(map[string]podState) bool) time.Duration {
+func (w *podWatcher) waitFor(t testing.TB, timeout time.Duration, what string, cond func(map[string]podState) bool) time.Duration {
 	t.Helper()
 	d, err := w.await(timeout, cond)
 	if err != nil {
@@ -771,14 +791,17 @@ func (c *cluster) theActive() string {
 	return a[0]
 }
 
-// waitLog waits until r's log contains substr.
-func (r *replica) waitLog(t *testing.T, timeout time.Duration, substr string) {
+// logMark is the current length of r's log, for waitLog.
+func (r *replica) logMark() int { return len(r.logs()) }
+
+// waitLog waits until r's log after mark contains substr.
+func (r *replica) waitLog(t testing.TB, mark int, timeout time.Duration, substr string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !strings.Contains(r.logs(), substr) {
+	for !strings.Contains(r.logs()[mark:], substr) {
 		if time.Now().After(deadline) {
 			t.Fatalf("hagate for %s did not log %q within %v", r.pod, substr, timeout)
 		}
-		time.Sleep(50 * time.Millisecond) // polling a log buffer
+		time.Sleep(20 * time.Millisecond) // polling a log buffer
 	}
 }

@@ -45,6 +45,11 @@ Flags:
 // Main runs hagate with args (without the program name) and returns the
 // exit status. lookupEnv is os.LookupEnv outside tests.
 func Main(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	// Catch SIGTERM first thing: a pod deleted right after it started must
+	// still shut down cleanly (release, keep the label) rather than die.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
 	var o Options
 	fs := flag.NewFlagSet("hagate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -74,8 +79,6 @@ func Main(args []string, lookupEnv func(string) (string, bool), stderr io.Writer
 	// handler so one pod has one log format.
 	klog.SetSlogLogger(logger)
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	if err := run(ctx, &o, logger); err != nil {
 		logger.Error("hagate failed", "error", err)
 		return 1
