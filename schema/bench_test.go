@@ -1,0 +1,85 @@
+package schema_test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func benchRoutes(tb testing.TB) map[string][]byte {
+	tb.Helper()
+	video, err := os.ReadFile("../testdata/routes/valid/video-defaults.yaml")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	small, err := os.ReadFile("../testdata/routes/valid/llm-minimal-selector.yaml")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString("apiVersion: routing.modelsphere.dev/v1alpha1\nkind: ModelRoute\nmetadata: {name: many}\nspec:\n  discovery: {service: many}\n  nginx:\n    outputConfigMap: conf\n    peers: [{use: backend}]\n    values:\n")
+	for i := range 50 {
+		fmt.Fprintf(&b, "      opt_%02d: \"value %d\"\n", i, i)
+	}
+	return map[string][]byte{"small-llm": small, "video-defaults": video, "values-50": []byte(b.String())}
+}
+
+// BenchmarkValidate measures validate + default + decode of one route with
+// the process-wide compiled schema.
+func BenchmarkValidate(b *testing.B) {
+	v := mustValidator(b)
+	for _, name := range []string{"small-llm", "video-defaults", "values-50"} {
+		src := benchRoutes(b)[name]
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := v.Validate(name, src); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestValidateConcurrent validates from several goroutines at once (run
+// under -race in make test): the shared Validator must be safe and give
+// every caller the same result.
+func TestValidateConcurrent(t *testing.T) {
+	v := mustValidator(t)
+	routes := benchRoutes(t)
+	bad, err := os.ReadFile("../testdata/routes/invalid/video-with-cart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				for name, src := range routes {
+					r, err := v.Validate(name, src)
+					if err != nil {
+						errs <- fmt.Errorf("goroutine %d: %s: %v", g, name, err)
+						return
+					}
+					if r.Spec.Nginx.Route == "" {
+						errs <- fmt.Errorf("goroutine %d: %s: route not defaulted", g, name)
+					}
+				}
+				if _, err := v.Validate("bad", bad); err == nil || !strings.Contains(err.Error(), "video routes cannot use cart") {
+					errs <- fmt.Errorf("goroutine %d round %d: bad route: %v", g, i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
