@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-
 )
 
 // Video option defaults; the schema fills the same ones, these cover a

@@ -1,0 +1,120 @@
+package compiler
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
+)
+
+// repoRoot is the module root (tests run in compiler/).
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+// llmRoute builds a defaulted llm route as the schema would return it.
+func llmRoute(name string, values map[string]string, peers ...v1alpha1.Peer) *v1alpha1.ModelRoute {
+	r := &v1alpha1.ModelRoute{}
+	r.Name, r.Namespace = name, "llm-route"
+	r.Spec = v1alpha1.Spec{
+		ModelType: v1alpha1.ModelTypeLLM,
+		Discovery: v1alpha1.Discovery{Service: "llm/" + name},
+		Nginx: v1alpha1.Nginx{
+			Route:           name,
+			Peers:           peers,
+			OutputConfigMap: "openresty-conf",
+			Values:          values,
+		},
+	}
+	return r
+}
+
+// videoRoute builds a defaulted video route.
+func videoRoute(name string, values map[string]string, peers ...v1alpha1.Peer) *v1alpha1.ModelRoute {
+	r := llmRoute(name, nil, peers...)
+	r.Spec.ModelType = v1alpha1.ModelTypeVideo
+	v := map[string]string{}
+	for k, x := range videoDefaults {
+		v[k] = x
+	}
+	for k, x := range values {
+		v[k] = x
+	}
+	r.Spec.Nginx.Values = v
+	return r
+}
+
+// startNginx runs a real nginx with the stub lua engine of testdata/lua.
+func startNginx(t *testing.T) *nginxtest.Nginx {
+	t.Helper()
+	return nginxtest.Start(t, nginxtest.Options{
+		LuaPackagePath: filepath.Join(repoRoot(t), "testdata", "lua", "?.lua"),
+	})
+}
+
+// install compiles route against snap for n's socket dir, writes the route
+// file and reloads nginx.
+func install(t *testing.T, n *nginxtest.Nginx, route *v1alpha1.ModelRoute, snap Snapshot) Result {
+	t.Helper()
+	res, err := Compile(route, snap, Options{SockDir: n.SockDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := res.Outputs[0].Render(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(n.RoutesDir(), res.Outputs[0].Key), conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Test(); err != nil {
+		t.Fatalf("%v\nroute file:\n%s", err, conf)
+	}
+	if err := n.Reload(); err != nil {
+		t.Fatalf("%v\nroute file:\n%s", err, conf)
+	}
+	return res
+}
+
+// refusingPort returns a loopback port nothing listens on (connect gets
+// ECONNREFUSED).
+func refusingPort(t *testing.T) int32 {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return int32(port)
+}
+
+// hostPort splits a test server's 127.0.0.1:port.
+func hostPort(t *testing.T, addr string) (string, int32) {
+	t.Helper()
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(p)
+	return h, int32(n)
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,221 @@
+package compiler
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+)
+
+// hostileStrings break naive escaping in lua, in nginx's lexer, or both.
+var hostileStrings = []string{
+	``, `"`, `'`, `\`, `\\`, `\"`, `"]]`, `]]`, `[[`, `[=[`, `]=]`, `[==[x]==]`,
+	`;`, `}`, `{`, `};`, `}}}`, `#`, `# comment`, `$`, `$host`, `${x}`,
+	"\n", "\r\n", "\nserver { listen 80; }\n", "\x00", "a\x00b", "\xff\xfe", "\xc3\x28", "\xed\xa0\x80",
+	`--`, `--[[`, `") os.exit(1) --`, "\t\v\f", `\u0041`, `\x41`, `\065`, `%s%n`, `ngx.exit(500)`,
+	`}" ; return 200 "pwned`, "naïve ✓", `end`, `0`, `1e9`,
+}
+
+// allBytes is every byte value once.
+func allBytes() string {
+	b := make([]byte, 256)
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return string(b)
+}
+
+// randomHostile makes n strings glued from hostile pieces and random bytes,
+// from a fixed seed (reproducible).
+func randomHostile(seed uint64, n int) []string {
+	r := rand.New(rand.NewPCG(seed, 42))
+	out := make([]string, n)
+	for i := range out {
+		var sb strings.Builder
+		for j := r.IntN(8); j >= 0; j-- {
+			if r.IntN(3) == 0 {
+				sb.WriteByte(byte(r.IntN(256)))
+			} else {
+				sb.WriteString(hostileStrings[r.IntN(len(hostileStrings))])
+			}
+		}
+		out[i] = sb.String()
+	}
+	return out
+}
+
+// unhexJSON decodes the stub's hex-encoded JSON back into Go values:
+// strings and map keys from hex, numbers as float64.
+func unhexJSON(t *testing.T, v any) any {
+	t.Helper()
+	switch x := v.(type) {
+	case string:
+		b, err := hex.DecodeString(x)
+		if err != nil {
+			t.Fatalf("stub sent non-hex string %q", x)
+		}
+		return string(b)
+	case []any:
+		for i := range x {
+			x[i] = unhexJSON(t, x[i])
+		}
+		return x
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			kb, err := hex.DecodeString(k)
+			if err != nil {
+				t.Fatalf("stub sent non-hex key %q", k)
+			}
+			out[string(kb)] = unhexJSON(t, e)
+		}
+		return out
+	}
+	return v
+}
+
+// registered asks the stub engine what the route registered.
+func registered(t *testing.T, url string) (name string, options map[string]any, tiers []any, calls int) {
+	t.Helper()
+	resp, err := http.Get(url + "_registered")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET _registered: %d %s", resp.StatusCode, body)
+	}
+	var raw struct {
+		Name    string         `json:"name"`
+		Options map[string]any `json:"options"`
+		Tiers   []any          `json:"tiers"`
+		Calls   int            `json:"calls"`
+	}
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+	name = unhexJSON(t, raw.Name).(string)
+	options = unhexJSON(t, raw.Options).(map[string]any)
+	tiers = unhexJSON(t, raw.Tiers).([]any)
+	return name, options, tiers, raw.Calls
+}
+
+func peer(host string, port int32) map[string]any {
+	return map[string]any{"host": host, "port": float64(port)}
+}
+
+// TestNginxLLMRegistration proves on a real nginx + lua that the route file
+// loads, registers exactly the spec's options and ordered tiers once per
+// worker, strips the /<route> prefix and proxies through the engine's
+// balancer.
+func TestNginxLLMRegistration(t *testing.T) {
+	n := startNginx(t)
+	var seen []string
+	cart := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.URL.RequestURI()+" "+r.Header.Get("X-Real-IP"))
+		fmt.Fprint(w, "cart ok")
+	}))
+	defer cart.Close()
+	cartHost, cartPort := hostPort(t, cart.Listener.Addr().String())
+
+	values := map[string]string{
+		"tps_limit_tps":     "30",
+		"default_max":       "64",
+		"health_probe_path": "/v1/models",
+		"quote":             `he said "hi"; } # $host ]]`,
+	}
+	r := llmRoute("qwen.v2", values,
+		v1alpha1.Peer{Use: "backend-svc", Priority: 1},
+		v1alpha1.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true},
+		v1alpha1.Peer{Use: "backend", Priority: 2, MaxConcurrency: 100, ProbePath: "/ping"},
+	)
+	r.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "cart-conf", MaxLoad: 20}
+	r.Spec.SLO = &v1alpha1.SLO{TTFTMs: 2000, DecodeTokensPerSecond: 20}
+	snap := Snapshot{
+		Backends: []Endpoint{
+			{IP: "10.0.0.12", Port: 8000}, {IP: "fd00::1", Port: 8000}, {IP: "10.0.0.3", Port: 8001},
+		},
+		BackendService: &ServiceVIP{IP: "10.96.0.10", Port: 8000},
+		CartService:    &ServiceVIP{IP: cartHost, Port: cartPort},
+	}
+	install(t, n, r, snap)
+	url := n.URL("qwen.v2")
+
+	// A real request goes through the prefix strip and the balancer.
+	for i := 0; i < 3; i++ {
+		resp, err := http.Get(url + "v2/models?x=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 200 || body != "cart ok" {
+			t.Fatalf("proxied request: %d %q", resp.StatusCode, body)
+		}
+	}
+	if want := "/v2/models?x=1 127.0.0.1"; len(seen) != 3 || seen[0] != want {
+		t.Fatalf("backend saw %q, want 3× %q", seen, want)
+	}
+
+	name, options, tiers, calls := registered(t, url)
+	if name != "qwen.v2" {
+		t.Errorf("route name %q", name)
+	}
+	wantOpts := map[string]any{}
+	for k, v := range values {
+		wantOpts[k] = v
+	}
+	wantOpts["slo_ttft_ms"], wantOpts["slo_decode_tps"] = "2000", "20"
+	if !reflect.DeepEqual(options, wantOpts) {
+		t.Errorf("options:\n got %#v\nwant %#v", options, wantOpts)
+	}
+	wantTiers := []any{
+		map[string]any{"use": "cart", "priority": float64(3), "max_concurrency": float64(300), "probe_path": "/health",
+			"peers": []any{peer(cartHost, cartPort)}},
+		map[string]any{"use": "backend", "priority": float64(2), "max_concurrency": float64(100), "probe_path": "/ping",
+			"peers": []any{peer("10.0.0.3", 8001), peer("10.0.0.12", 8000), peer("fd00::1", 8000)}},
+		map[string]any{"use": "backend-svc", "priority": float64(1), "max_concurrency": float64(64), "probe_path": "/v1/models",
+			"peers": []any{peer("10.96.0.10", 8000)}},
+	}
+	if !reflect.DeepEqual(tiers, wantTiers) {
+		t.Errorf("tiers:\n got %#v\nwant %#v", tiers, wantTiers)
+	}
+	// One worker: register_route ran once for 4 requests.
+	if calls != 1 {
+		t.Errorf("register_route called %d times in one worker, want 1", calls)
+	}
+}
+
+// TestNginxLLMHostileValues sends every byte value and a seeded set of
+// hostile strings, as option keys and values, through a real nginx + lua:
+// lua must read back exactly the original bytes.
+func TestNginxLLMHostileValues(t *testing.T) {
+	n := startNginx(t)
+	values := map[string]string{"all_bytes": allBytes()}
+	for i, s := range hostileStrings {
+		values[fmt.Sprintf("h%02d", i)] = s
+		values["k"+s] = s // hostile keys go through the same encoder
+	}
+	for i, s := range randomHostile(1, 200) {
+		values[fmt.Sprintf("r%03d", i)] = s
+	}
+	r := llmRoute("hostile", values, v1alpha1.Peer{Use: "backend", Priority: 2, ProbePath: "/" + allBytes()})
+	install(t, n, r, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000}}})
+	_, options, tiers, _ := registered(t, n.URL("hostile"))
+	if len(options) != len(values) {
+		t.Errorf("lua saw %d options, want %d", len(options), len(values))
+	}
+	for k, v := range values {
+		if got, ok := options[k]; !ok || got != v {
+			t.Errorf("option %q: lua read %q, want %q", k, got, v)
+		}
+	}
+	if got := tiers[0].(map[string]any)["probe_path"]; got != "/"+allBytes() {
+		t.Errorf("probe_path: lua read %q", got)
+	}
+}
