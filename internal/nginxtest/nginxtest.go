@@ -402,15 +402,41 @@ func (n *Nginx) Signal(sig syscall.Signal) error {
 	return syscall.Kill(pid, sig)
 }
 
-// Reload sends SIGHUP and waits until a new worker exists. A configuration
-// nginx rejects keeps the old workers, so Reload returns an error carrying
-// the error log.
+// Reload sends SIGHUP and waits until a new worker exists and every old
+// worker has exited, so the next request is served by the new
+// configuration (an old worker accepts for a moment after the new one
+// starts). A configuration nginx rejects keeps the old workers, so Reload
+// returns an error carrying the error log. Tests that keep a request open
+// across a reload use Signal and WaitWorkersChanged instead.
 func (n *Nginx) Reload() error {
 	old := n.WorkerPIDs()
 	if err := n.Signal(syscall.SIGHUP); err != nil {
 		return err
 	}
-	return n.WaitWorkersChanged(context.Background(), old)
+	if err := n.WaitWorkersChanged(context.Background(), old); err != nil {
+		return err
+	}
+	return n.WaitWorkersGone(context.Background(), old)
+}
+
+// WaitWorkersGone waits until none of the pids in old is a running worker.
+func (n *Nginx) WaitWorkersGone(ctx context.Context, old []int) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		left := false
+		for _, p := range n.WorkerPIDs() {
+			left = left || slices.Contains(old, p)
+		}
+		if !left {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("old nginx workers %v still running: %w", old, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // WaitWorkersChanged waits until the master has a worker not in old.

@@ -26,6 +26,13 @@ const DefaultDebounce = 250 * time.Millisecond
 // slow reload without calling it failed, and a failure is reported within 5 s.
 const DefaultVerifyTimeout = 5 * time.Second
 
+// DefaultSockSweep is how often, with --sock-dir, the sidecar looks for a
+// replaced or vanished target to remove the sockets a crash left behind. A
+// restarted nginx retries a failed bind() 5 times 500 ms apart; sweeping
+// every second clears the path inside that window, so the restart succeeds
+// instead of crash-looping.
+const DefaultSockSweep = time.Second
+
 // DefaultCheckTimeout bounds one --check-cmd run ("nginx -t" takes about
 // 0.16 s for 306 routes).
 const DefaultCheckTimeout = 30 * time.Second
@@ -45,6 +52,7 @@ type Options struct {
 	Debounce      time.Duration
 	VerifyTimeout time.Duration
 	CheckTimeout  time.Duration
+	SockSweep     time.Duration
 	MetricsAddr   string
 	LogLevel      string
 	LogFormat     string
@@ -84,6 +92,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Debounce, "debounce", DefaultDebounce, "quiet time before a change is acted on (coalesces bursts)")
 	fs.DurationVar(&o.VerifyTimeout, "verify-timeout", DefaultVerifyTimeout, "how long to wait for new worker pids after a HUP before reporting the reload failed")
 	fs.DurationVar(&o.CheckTimeout, "check-timeout", DefaultCheckTimeout, "bound of one --check-cmd run")
+	fs.DurationVar(&o.SockSweep, "sock-sweep", DefaultSockSweep, "with --sock-dir: how often to check whether the target was replaced or is gone, and then remove stale sockets")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9102", `address of /metrics, /healthz and /readyz ("" disables)`)
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
@@ -145,8 +154,8 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--check-cmd: %w", err))
 		}
 	}
-	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 {
-		errs = append(errs, errors.New("--debounce, --verify-timeout and --check-timeout must be positive"))
+	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 {
+		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout and --sock-sweep must be positive"))
 	}
 	if _, err := ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)

@@ -51,12 +51,16 @@ type Reloader struct {
 	Signal        syscall.Signal // default SIGHUP
 	Debounce      time.Duration
 	VerifyTimeout time.Duration
-	ProcRoot      string // default /proc
-	Self          int    // our pid, never matched (default os.Getpid())
-	Signaller     Signaller
-	Now           func() time.Time
-	Log           *slog.Logger
-	Metrics       *Metrics
+	// SockSweep is how often, with SockDir, the target's pid is checked;
+	// when it changed or the target is gone, stale sockets are removed
+	// without waiting for a configuration change.
+	SockSweep time.Duration
+	ProcRoot  string // default /proc
+	Self      int    // our pid, never matched (default os.Getpid())
+	Signaller Signaller
+	Now       func() time.Time
+	Log       *slog.Logger
+	Metrics   *Metrics
 	// OnReload, if set, is called after every attempt (tests, benchmarks).
 	OnReload func(Outcome)
 	// OnSettle, if set, is called each time the directories went quiet,
@@ -64,6 +68,8 @@ type Reloader struct {
 	OnSettle func(changed bool)
 	// Started, if set, is closed once the watches are in place.
 	Started chan struct{}
+
+	lastPID int // target seen by the last socket sweep (0 = none)
 }
 
 func (r *Reloader) defaults() {
@@ -75,6 +81,9 @@ func (r *Reloader) defaults() {
 	}
 	if r.VerifyTimeout <= 0 {
 		r.VerifyTimeout = DefaultVerifyTimeout
+	}
+	if r.SockSweep <= 0 {
+		r.SockSweep = DefaultSockSweep
 	}
 	if r.CheckTimeout <= 0 {
 		r.CheckTimeout = DefaultCheckTimeout
@@ -124,10 +133,28 @@ func (r *Reloader) Run(ctx context.Context) error {
 
 	timer := time.NewTimer(r.Debounce)
 	timer.Stop()
+	var sweep <-chan time.Time
+	if r.SockDir != "" {
+		t := time.NewTicker(r.SockSweep)
+		defer t.Stop()
+		sweep = t.C
+		r.lastPID = r.targetPID()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-sweep:
+			// A master that crashed leaves its sockets behind, and the
+			// restarted one retries bind() only for about 2.5 s before
+			// giving up: clean as soon as the target is gone or replaced.
+			if pid := r.targetPID(); pid != r.lastPID || pid == 0 {
+				if pid != r.lastPID {
+					r.Log.Info("target process changed; checking sockets", "old", r.lastPID, "new", pid)
+				}
+				r.lastPID = pid
+				r.cleanSockets()
+			}
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("watcher closed")
@@ -235,6 +262,7 @@ func (r *Reloader) reload(ctx context.Context) Outcome {
 		r.cleanSockets()
 	}
 
+	r.lastPID = target.PID
 	before := Children(r.ProcRoot, target.PID)
 	if err := r.Signaller.Signal(target.PID, r.Signal); err != nil {
 		o.Result, o.Err = ResultError, fmt.Errorf("signal %d: %w", target.PID, err)
@@ -254,6 +282,19 @@ func (r *Reloader) reload(ctx context.Context) Outcome {
 		o.Err = fmt.Errorf("children of %d still %v after %s", target.PID, before, r.VerifyTimeout)
 	}
 	return o
+}
+
+// targetPID is the pid of the one matching process, 0 if none or several.
+func (r *Reloader) targetPID() int {
+	procs, err := ListProcesses(r.ProcRoot)
+	if err != nil {
+		return 0
+	}
+	p, err := FindTarget(procs, r.Process, r.Self)
+	if err != nil {
+		return 0
+	}
+	return p.PID
 }
 
 // verifyPoll is how often the children are re-read while verifying; a

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+)
+
+// routeConf is a minimal route file of the shape the compiler renders: a
+// server listening only on the route's socket.
+func routeConf(n *nginxtest.Nginx, route, body string) string {
+	return fmt.Sprintf("server {\n    listen unix:%s;\n    location / { return 200 \"%s\\n\"; }\n}\n", n.SockPath(route), body)
+}
+
+func routeFile(route string) string { return "session_route_" + route + ".conf" }
+
+// startNginx runs nginx on a kubelet-style routes directory holding files.
+func startNginx(t *testing.T, files func(n *nginxtest.Nginx) map[string]string) (*nginxtest.Nginx, string) {
+	t.Helper()
+	dir := t.TempDir()
+	n := nginxtest.Start(t, nginxtest.Options{RoutesDir: dir})
+	reloadtest.KubeletSwap(t, dir, files(n))
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	return n, dir
+}
+
+func fetch(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func wantServes(t testing.TB, n *nginxtest.Nginx, route, body string) {
+	t.Helper()
+	if code, got := fetch(t, n.URL(route)); code != 200 || got != body+"\n" {
+		t.Fatalf("route %s: got %d %q, want 200 %q", route, code, got, body)
+	}
+}
+
+// waitServes waits until route answers body: after a reload an old
+// worker may still accept for a moment.
+func waitServes(t testing.TB, n *nginxtest.Nginx, route, body string) {
+	t.Helper()
+	var code int
+	var got string
+	reloadtest.WaitFor(t, wait, "route "+route+" to serve "+body, func() bool {
+		code, got = fetch(t, n.URL(route))
+		return code == 200 && got == body+"\n"
+	})
+}
+
+// hups counts the SIGHUPs nginx received, from its error log.
+func hups(n *nginxtest.Nginx) int { return strings.Count(n.ErrorLog(), "(SIGHUP) received") }
+
+func checkCmd(n *nginxtest.Nginx) string { return strings.Join(n.TestCommand(), " ") }
+
+func TestNginxKubeletSwaps(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "a1")}
+	})
+	base := hups(n)
+	// A live socket nobody references (another writer's): never removed.
+	foreign, err := net.Listen("unix", filepath.Join(n.SockDir(), "foreign.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+
+	s := startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n))
+
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "a2"),
+		routeFile("b"): routeConf(n, "b", "b1"),
+	})
+	s.waitCount(t, 1, "result=success")
+	waitServes(t, n, "a", "a2")
+	waitServes(t, n, "b", "b1")
+	if h := hups(n) - base; h != 1 {
+		t.Fatalf("nginx got %d SIGHUPs for one swap, want 1", h)
+	}
+
+	// Route b removed, c added: b's socket is live until the reload, so the
+	// sidecar keeps it; nginx unlinks it itself on the graceful reload.
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "a2"),
+		routeFile("c"): routeConf(n, "c", "c1"),
+	})
+	s.waitCount(t, 2, "result=success")
+	waitServes(t, n, "c", "c1")
+	wantServes(t, n, "a", "a2")
+	reloadtest.WaitFor(t, wait, "removed route b to answer 502", func() bool {
+		code, _ := fetch(t, n.URL("b"))
+		return code == http.StatusBadGateway
+	})
+	if h := hups(n) - base; h != 2 {
+		t.Fatalf("nginx got %d SIGHUPs for two swaps, want 2", h)
+	}
+	if s.count("removed stale socket") != 0 {
+		t.Fatalf("the sidecar removed a socket although every socket was live:\n%s", s.log.String())
+	}
+	if !strings.Contains(n.ErrorLog(), "deleting socket "+n.SockPath("b")) {
+		t.Fatalf("nginx did not delete b's socket itself:\n%s", n.ErrorLog())
+	}
+	if c, err := net.Dial("unix", filepath.Join(n.SockDir(), "foreign.sock")); err != nil {
+		t.Fatalf("the foreign live socket was removed: %v", err)
+	} else {
+		c.Close()
+	}
+	if v := s.metric(t, `autoconfig_reload_reloads_total{result="success"}`); v != 2 {
+		t.Fatalf("success count %v, want 2", v)
+	}
+}
+
+func TestNginxBurstGivesOneOrTwoReloads(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "v0")}
+	})
+	base := hups(n)
+	s := startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n))
+
+	// 20 swaps in about 100 ms.
+	for i := 1; i <= 20; i++ {
+		reloadtest.KubeletSwap(t, dir, map[string]string{routeFile("a"): routeConf(n, "a", fmt.Sprintf("v%d", i))})
+		time.Sleep(5 * time.Millisecond)
+	}
+	reloadtest.WaitFor(t, wait, "nginx to serve v20", func() bool {
+		_, body := fetch(t, n.URL("a"))
+		return body == "v20\n"
+	})
+	s.waitCount(t, 1, "result=success")
+	h := hups(n) - base
+	if h < 1 || h > 2 {
+		t.Fatalf("20 swaps gave %d SIGHUPs, want 1 or 2", h)
+	}
+	if r := s.count("result="); r != h {
+		t.Fatalf("%d reload attempts logged for %d SIGHUPs", r, h)
+	}
+	t.Logf("20 swaps in 100 ms → %d reload(s)", h)
+}
+
+func brokenRoute(n *nginxtest.Nginx, route string) string {
+	return fmt.Sprintf("server {\n    listen unix:%s;\n    no_such_directive on;\n}\n", n.SockPath(route))
+}
+
+func TestNginxBrokenConfigWithCheck(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "good")}
+	})
+	base := hups(n)
+	workers := n.WorkerPIDs()
+	s := startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n))
+
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "good"),
+		routeFile("b"): brokenRoute(n, "b"),
+	})
+	s.waitCount(t, 1, "result=check_failed", "no_such_directive")
+	if h := hups(n) - base; h != 0 {
+		t.Fatalf("nginx got %d SIGHUPs despite a failing check", h)
+	}
+	wantServes(t, n, "a", "good")
+	for _, w := range n.WorkerPIDs() {
+		if !slices.Contains(workers, w) {
+			t.Fatalf("a new worker %d started (before: %v): nginx was reloaded", w, workers)
+		}
+	}
+	if v := s.metric(t, `autoconfig_reload_reloads_total{result="check_failed"}`); v != 1 {
+		t.Fatalf("check_failed count %v, want 1", v)
+	}
+
+	// Fixed: the next change reloads.
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "good"),
+		routeFile("b"): routeConf(n, "b", "fixed"),
+	})
+	s.waitCount(t, 1, "result=success")
+	waitServes(t, n, "b", "fixed")
+}
+
+func TestNginxBrokenConfigWithoutCheckIsReportedFailed(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "good")}
+	})
+	base := hups(n)
+	s := startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--verify-timeout", "2s")
+
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "good"),
+		routeFile("b"): brokenRoute(n, "b"),
+	})
+	s.waitCount(t, 1, "result=failed", "reload failed")
+	if h := hups(n) - base; h != 1 {
+		t.Fatalf("nginx got %d SIGHUPs, want 1", h)
+	}
+	if !strings.Contains(n.ErrorLog(), `unknown directive "no_such_directive"`) {
+		t.Fatalf("nginx did not reject the config:\n%s", n.ErrorLog())
+	}
+	wantServes(t, n, "a", "good")
+	if v := s.metric(t, `autoconfig_reload_reloads_total{result="failed"}`); v != 1 {
+		t.Fatalf("failed count %v, want 1", v)
+	}
+	if v := s.metric(t, `autoconfig_reload_last_reload_success_timestamp_seconds`); v != 0 {
+		t.Fatalf("a failed reload set the success timestamp (%v)", v)
+	}
+}
+
+func TestNginxStaleSocketAfterKill9(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "a1")}
+	})
+	s := startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n))
+
+	if err := n.Kill9(); err != nil {
+		t.Fatal(err)
+	}
+	// The container restarts nginx at once. Without the sidecar this fails
+	// (bind: Address already in use; see the nginxtest self-test); the
+	// sidecar sees the master gone or replaced and removes the stale socket
+	// within nginx's bind retries.
+	if err := n.Relaunch(); err != nil {
+		t.Fatalf("restarted nginx did not come up: %v", err)
+	}
+	wantServes(t, n, "a", "a1")
+	s.waitCount(t, 1, "removed stale socket", "a.sock")
+
+	// The restarted master is the new target: the next change reloads it,
+	// and its live socket is left alone.
+	reloadtest.KubeletSwap(t, dir, map[string]string{
+		routeFile("a"): routeConf(n, "a", "a2"),
+	})
+	s.waitCount(t, 1, "result=success")
+	waitServes(t, n, "a", "a2")
+	if _, err := os.Stat(n.SockPath("a")); err != nil {
+		t.Fatalf("the live socket is gone: %v", err)
+	}
+	if v := s.metric(t, `autoconfig_reload_stale_sockets_removed_total`); v != 1 {
+		t.Fatalf("stale sockets removed %v, want 1", v)
+	}
+}
