@@ -153,6 +153,8 @@ cases = [
  ('name-missing', minimal, {'metadata.name': DEL}, 'metadata.name: this field is required', 'R6'),
  ('spec-missing', llm, {'spec': DEL}, 'spec.discovery: set exactly one of service', 'R6'),
  ('nginx-missing', llm, {'spec.nginx': DEL}, 'spec.nginx.peers: peers needs at least one peer', 'R6'),
+ ('failuremode-lowercase', llm, {'spec.failureMode': 'failopen'}, 'spec.failureMode: failureMode must be FailOpen or FailClose', 'R6'),
+ ('failuremode-bool', llm, {'spec.failureMode': True}, 'failureMode must be FailOpen or FailClose', 'R6'),
  ('nginx-entry-service-bad', llm, {'spec.nginx.service': 'Openresty'}, 'spec.nginx.service: must be a Service name or namespace/name', 'R6'),
 ]
 valid = [
@@ -171,6 +173,8 @@ valid = [
  ('cart-selector-mode', llm, {'spec.cart.service': DEL, 'spec.cart.selector': 'app=qwen-cart', 'spec.discovery.service': DEL, 'spec.discovery.selector': 'app=qwen'}),
  ('entry-service-and-selector', llm, {'spec.nginx.service': 'llm-route/openresty', 'spec.nginx.selector': 'app=openresty'}),
  ('peers-equal-priority', minimal, {'spec.nginx.peers': [{'use': 'backend', 'priority': 1}, {'use': 'backend-svc', 'priority': 1}]}),
+ ('failopen-selector', minimal, {'spec.failureMode': 'FailOpen'}),
+ ('failclose-cart', llm, {'spec.failureMode': 'FailClose'}),
  ('no-namespace-bare-names', minimal, {'spec.discovery': {'service': 'qwen', 'port': 8000, 'includeNotReady': True}}),
 ]
 import shutil

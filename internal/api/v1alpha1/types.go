@@ -26,6 +26,10 @@ const (
 	UseCart       = "cart"
 	UseBackend    = "backend"
 	UseBackendSvc = "backend-svc"
+
+	// Failure modes.
+	FailOpen  = "FailOpen"
+	FailClose = "FailClose"
 )
 
 // ModelRoute says how one model is routed.
@@ -58,6 +62,9 @@ type Spec struct {
 	Monitor *Monitor `json:"monitor,omitempty"`
 	// SLO holds LLM-only service targets rendered into route options.
 	SLO *SLO `json:"slo,omitempty"`
+	// FailureMode is FailOpen, FailClose or empty (the listed tiers only,
+	// rendered as before the field existed).
+	FailureMode string `json:"failureMode,omitempty"`
 }
 
 // Discovery finds a set of endpoints: EndpointSlices of a Service or pods
