@@ -62,10 +62,14 @@ func RenderCartConfig(base []byte, workers []CartWorker, configMap string) ([]by
 	replaced := false
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		if root.Content[i].Value == "workers" {
-			old := root.Content[i+1]
-			// Keep comments attached to the old value (e.g. a line
-			// comment after "workers:").
-			list.LineComment, list.FootComment = old.LineComment, old.FootComment
+			key, old := root.Content[i], root.Content[i+1]
+			// Keep comments attached to the old value: a line comment
+			// after "workers: []" belongs on the key line once the value
+			// is a block sequence (yaml.v3 would print it after the list).
+			if key.LineComment == "" {
+				key.LineComment = old.LineComment
+			}
+			list.HeadComment, list.FootComment = old.HeadComment, old.FootComment
 			root.Content[i+1] = list
 			replaced = true
 			break

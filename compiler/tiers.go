@@ -60,8 +60,12 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 		case v1alpha1.UseBackend:
 			t.peers = c.backends
 		case v1alpha1.UseBackendSvc:
+			if spec.Discovery.Service == "" {
+				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: discovery uses a selector, so there is no backend Service VIP for the static last-resort tier", i)
+				continue
+			}
 			if c.backendSvc == nil {
-				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: the backend has no Service ClusterIP (selector discovery or a headless Service), so there is no static last-resort tier", i)
+				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: the backend Service has no ClusterIP in the snapshot (headless Service?), so there is no static last-resort tier", i)
 				continue
 			}
 			t.peers = []endpoint{*c.backendSvc}

@@ -142,7 +142,7 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	b = append(b, up...)
 	b = append(b, " {\n    zone "...)
 	b = append(b, up...)
-	b = append(b, ' ', ' ')
+	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(64+n), 10)
 	b = append(b, "k;\n"...)
 	for ti, t := range tiers {
@@ -194,7 +194,7 @@ func (c *compilation) renderVideo() ([]byte, error) {
         proxy_set_header Connection "";
         proxy_set_header Host $host;
         proxy_set_header X-Real-IP $remote_addr;
-        proxy_set_header X-Forwarded-For $remote_addr;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         proxy_set_header X-Forwarded-Host $`...)
 	b = append(b, up...)
 	b = append(b, "_fwd_host;\n        proxy_set_header X-Forwarded-Proto $"...)
