@@ -1,0 +1,291 @@
+package crdgen_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/celcheck"
+	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/schema"
+)
+
+// knownGaps lists corpus documents ("file#doc") on which the CRD is known
+// to disagree with CUE, with the reason. A listed document that agrees
+// fails the test, so the list cannot go stale. Keep it empty.
+var knownGaps = map[string]string{}
+
+// corpusDirs are the route files every judge must agree on.
+var corpusDirs = []string{"testdata/routes/valid", "testdata/routes/invalid", "deploy/samples"}
+
+// doc is one YAML document of the corpus.
+type doc struct {
+	id       string // file#index
+	file     string
+	wantCUE  bool // true = the file is in an invalid/ folder
+	cueErr   error
+	obj      map[string]any // nil when it does not decode to an object
+	parseErr error
+}
+
+func moduleRoot(t testing.TB) string {
+	t.Helper()
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// loadCorpus reads every document, judged by CUE, and decoded for the
+// Kubernetes judges the way kubectl does (sigs.k8s.io/yaml, integers kept
+// as int64 so CEL sees ints).
+func loadCorpus(t *testing.T) []doc {
+	t.Helper()
+	root := moduleRoot(t)
+	v, err := schema.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []doc
+	for _, dir := range corpusDirs {
+		files, err := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files) == 0 {
+			t.Fatalf("no route files in %s", dir)
+		}
+		sort.Strings(files)
+		for _, f := range files {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(root, f)
+			cueDocs := v.ValidateStream(rel, src)
+			kdocs := splitYAML(src)
+			if len(cueDocs) != len(kdocs) {
+				t.Errorf("%s: CUE sees %d documents, the YAML splitter %d", rel, len(cueDocs), len(kdocs))
+				continue
+			}
+			for i := range cueDocs {
+				d := doc{id: fmt.Sprintf("%s#%d", rel, i), file: rel, cueErr: cueDocs[i].Err}
+				d.obj, d.parseErr = decode(kdocs[i])
+				docs = append(docs, d)
+			}
+		}
+	}
+	return docs
+}
+
+// splitYAML splits a stream into its non-empty documents.
+func splitYAML(src []byte) [][]byte {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(src)))
+	var out [][]byte
+	for {
+		b, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			return append(out, []byte("\t: unreadable"))
+		}
+		var probe any
+		if yaml.Unmarshal(b, &probe) == nil && probe == nil {
+			continue // only comments or empty
+		}
+		out = append(out, b)
+	}
+}
+
+func decode(b []byte) (map[string]any, error) {
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("yaml: %w", err)
+	}
+	var obj map[string]any
+	if err := utiljson.Unmarshal(j, &obj); err != nil {
+		return nil, fmt.Errorf("not an object: %w", err)
+	}
+	return obj, nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "accept"
+	}
+	return "reject"
+}
+
+type judge struct {
+	name string
+	fn   func(d doc) error
+}
+
+// TestThreeJudges sends every document through CUE, the in-process CRD
+// validator and the real API server (server-side dry-run create with
+// fieldValidation=Strict), and demands one verdict per document.
+func TestThreeJudges(t *testing.T) {
+	docs := loadCorpus(t)
+	res, err := crdgen.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inproc, err := celcheck.New(res.CRD)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	_, cfg := testenv.Start(t)
+	t.Logf("envtest started in %v", time.Since(start).Round(time.Millisecond))
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	createNamespaces(ctx, t, c, docs)
+
+	judges := []judge{
+		{"cue", func(d doc) error { return d.cueErr }},
+		{"crd-inprocess", func(d doc) error {
+			if d.parseErr != nil {
+				return d.parseErr
+			}
+			if errs := inproc.Validate(ctx, deepCopy(d.obj)); len(errs) > 0 {
+				return errs.ToAggregate()
+			}
+			return nil
+		}},
+		{"apiserver", func(d doc) error {
+			if d.parseErr != nil {
+				return d.parseErr
+			}
+			u := &unstructured.Unstructured{Object: deepCopy(d.obj)}
+			if u.GetNamespace() == "" {
+				u.SetNamespace("default")
+			}
+			return c.Create(ctx, u, client.DryRunAll, client.FieldValidation("Strict"))
+		}},
+	}
+
+	counts := map[string][2]int{} // judge → accepted, rejected
+	var disagree, gaps int
+	judgeStart := time.Now()
+	for _, d := range docs {
+		errs := make([]error, len(judges))
+		same := true
+		for i, j := range judges {
+			errs[i] = j.fn(d)
+			n := counts[j.name]
+			if errs[i] == nil {
+				n[0]++
+			} else {
+				n[1]++
+			}
+			counts[j.name] = n
+			if (errs[i] == nil) != (errs[0] == nil) {
+				same = false
+			}
+		}
+		var b strings.Builder
+		for i, j := range judges {
+			fmt.Fprintf(&b, "\n  %-14s %s", j.name, verdict(errs[i] == nil))
+			if errs[i] != nil {
+				fmt.Fprintf(&b, ": %v", errs[i])
+			}
+		}
+		reason, isGap := knownGaps[d.id]
+		switch {
+		case !same && isGap:
+			gaps++
+			t.Logf("%s: known gap (%s):%s", d.id, reason, b.String())
+		case !same:
+			disagree++
+			t.Errorf("%s: judges disagree:%s", d.id, b.String())
+		case isGap:
+			t.Errorf("%s: listed as a known gap but all judges agree; remove it from knownGaps", d.id)
+		default:
+			if testing.Verbose() {
+				t.Logf("%s:%s", d.id, b.String())
+			}
+		}
+		// The corpus folders say what CUE must decide.
+		if strings.Contains(d.file, "/invalid/") && errs[0] == nil {
+			t.Errorf("%s: in an invalid/ folder but CUE accepts it", d.id)
+		}
+		if !strings.Contains(d.file, "/invalid/") && errs[0] != nil {
+			t.Errorf("%s: in a valid folder but CUE rejects it: %v", d.id, errs[0])
+		}
+	}
+	t.Logf("%d documents, %d disagreements, %d known gaps, judged in %v", len(docs), disagree, gaps, time.Since(judgeStart).Round(time.Millisecond))
+	for _, j := range judges {
+		t.Logf("  %-14s accepted %d, rejected %d", j.name, counts[j.name][0], counts[j.name][1])
+	}
+}
+
+// createNamespaces creates the well-formed namespaces the corpus names, so
+// the API server judges the route, not a missing namespace.
+func createNamespaces(ctx context.Context, t *testing.T, c client.Client, docs []doc) {
+	t.Helper()
+	seen := map[string]bool{"default": true}
+	for _, d := range docs {
+		if d.obj == nil {
+			continue
+		}
+		ns := (&unstructured.Unstructured{Object: d.obj}).GetNamespace()
+		if ns == "" || seen[ns] || len(apivalidation.ValidateNamespaceName(ns, false)) > 0 {
+			continue
+		}
+		seen[ns] = true
+		err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create namespace %s: %v", ns, err)
+		}
+	}
+}
+
+func deepCopy(obj map[string]any) map[string]any {
+	return runtimeDeepCopy(obj).(map[string]any)
+}
+
+func runtimeDeepCopy(x any) any {
+	switch t := x.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(t))
+		for k, v := range t {
+			m[k] = runtimeDeepCopy(v)
+		}
+		return m
+	case []any:
+		s := make([]any, len(t))
+		for i, v := range t {
+			s[i] = runtimeDeepCopy(v)
+		}
+		return s
+	default:
+		return t
+	}
+}

@@ -1,0 +1,176 @@
+package crdgen
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"cuelang.org/go/cue"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+)
+
+// isVideo is true for a video route; modelType defaults to llm and the CRD
+// carries no defaults, so an absent modelType is llm.
+const isVideo = `(has(self.modelType) && self.modelType == "video")`
+
+// The regexes of the CUE rules that live in comprehensions (the walker
+// reads field constraints, not comprehension conditions). TestRulesFollowCUE
+// checks that each still appears verbatim in the schema source.
+const (
+	routeRE = `^[a-z0-9._-]+$`
+	modelRE = `^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$`
+)
+
+// Messages of the CUE rules that live in comprehensions, copied verbatim;
+// TestRulesFollowCUE fails when the schema's wording changes.
+const (
+	msgRouteCharset   = "route must use only a-z, 0-9, '.', '_' and '-' (it defaults to metadata.name and names the socket, the conf file and the /<route>/ path); set spec.nginx.route to such a name"
+	msgRouteLength    = "route is longer than 63 characters (it defaults to metadata.name); set a shorter spec.nginx.route"
+	msgNoPeers        = "peers needs at least one peer, e.g. - {use: backend, priority: 2}"
+	msgModel          = "model must be a served model name: letters, digits, '.', '_', '-', '/' (at most 200; it defaults to metadata.name)"
+	msgBoth           = "set only one of service or selector: service (EndpointSlice discovery, recommended) or selector (pods by label)"
+	msgNeither        = "set exactly one of service (a Service name or ns/name) or selector (a pod label selector such as app=qwen)"
+	msgVideoCart      = "video routes cannot use cart (LLM only); remove spec.cart or set modelType: llm"
+	msgVideoSLO       = "video routes cannot use slo (token metrics do not exist for video); remove spec.slo or set modelType: llm"
+	msgVideoMonitor   = "video routes cannot use monitor (its probes and alerts are for LLM endpoints; scrape the video service's own metrics); remove spec.monitor or set modelType: llm"
+	msgVideoPeerUse   = "video routes render a plain reverse proxy: use backend or backend-svc (cart is LLM only)"
+	msgCartPeer       = "a peer with use: cart requires spec.cart; add spec.cart or remove this peer"
+	msgFromBackend    = "maxConcurrencyFromBackend: true needs a use: backend peer with maxConcurrency > 0 (the per-backend limit it multiplies); add maxConcurrency to the backend peer"
+	msgFromBackendUse = "maxConcurrencyFromBackend is only for use: cart peers; remove it"
+	msgSLOTTFT        = "set either spec.slo.ttftMs or spec.nginx.values.slo_ttft_ms, not both"
+	msgSLOTPS         = "set either spec.slo.decodeTokensPerSecond or spec.nginx.values.slo_decode_tps, not both"
+	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
+	msgUseTwice       = "each use may appear once; "
+)
+
+// copiedMessages lists the hand-copied messages for TestRulesFollowCUE.
+var copiedMessages = []string{
+	msgRouteCharset, msgRouteLength, msgNoPeers, msgModel, msgBoth, msgNeither,
+	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice,
+}
+
+// copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
+var copiedRegexes = []string{routeRE, modelRE}
+
+func rule(r, msg, fieldPath string) apiextv1.ValidationRule {
+	return apiextv1.ValidationRule{Rule: r, Message: msg, FieldPath: fieldPath}
+}
+
+// crossFieldRules are the CUE rules that span fields, as CEL, keyed by the
+// schema path they sit on ("" = the resource root, the only place that can
+// see metadata.name).
+func crossFieldRules() map[string][]apiextv1.ValidationRule {
+	exactlyOne := []apiextv1.ValidationRule{
+		rule(`!(has(self.service) && has(self.selector))`, msgBoth, ""),
+		rule(`has(self.service) || has(self.selector)`, msgNeither, ""),
+	}
+	hasNginx := `has(self.spec) && has(self.spec.nginx)`
+	return map[string][]apiextv1.ValidationRule{
+		"": {
+			// nginx.route defaults to metadata.name: the route rules apply
+			// to the name then. A DNS name always passes the charset, but
+			// may be longer than 63.
+			rule(fmt.Sprintf(`!(%s) || has(self.spec.nginx.route) || !has(self.metadata.name) || self.metadata.name.matches(%s)`, hasNginx, celString(routeRE)), msgRouteCharset, ".spec.nginx"),
+			rule(fmt.Sprintf(`!(%s) || has(self.spec.nginx.route) || !has(self.metadata.name) || self.metadata.name.size() <= 63`, hasNginx), msgRouteLength, ".spec.nginx"),
+			// monitor.model defaults to metadata.name.
+			rule(fmt.Sprintf(`!has(self.spec) || !has(self.spec.monitor) || has(self.spec.monitor.model) || !has(self.metadata.name) || self.metadata.name.matches(%s)`, celString(modelRE)), msgModel, ".spec.monitor"),
+		},
+		"spec": {
+			rule(`!`+isVideo+` || !has(self.cart)`, msgVideoCart, ".cart"),
+			rule(`!`+isVideo+` || !has(self.slo)`, msgVideoSLO, ".slo"),
+			rule(`!`+isVideo+` || !has(self.monitor)`, msgVideoMonitor, ".monitor"),
+			rule(`!`+isVideo+` || self.nginx.peers.all(p, p.use != "cart")`, msgVideoPeerUse, ".nginx.peers"),
+			rule(`!`+isVideo+` || !has(self.nginx.values) || !("upload_req_burst" in self.nginx.values) || "upload_req_limit" in self.nginx.values`, msgBurst, ".nginx.values"),
+			rule(isVideo+` || has(self.cart) || self.nginx.peers.all(p, p.use != "cart")`, msgCartPeer, ".nginx.peers"),
+			rule(isVideo+` || !self.nginx.peers.exists(p, has(p.maxConcurrencyFromBackend) && p.maxConcurrencyFromBackend) || self.nginx.peers.exists(p, p.use == "backend" && has(p.maxConcurrency))`, msgFromBackend, ".nginx.peers"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("slo_ttft_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("slo_decode_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
+		},
+		"spec.discovery": exactlyOne,
+		"spec.cart":      exactlyOne,
+		"spec.nginx": {
+			rule(`!has(self.route) || self.route.matches(`+celString(routeRE)+`)`, msgRouteCharset, ".route"),
+			rule(`!has(self.route) || self.route.size() <= 63`, msgRouteLength, ".route"),
+		},
+		// One rule per use value, not a nested loop with a computed
+		// message: the CEL cost estimator rejects the latter.
+		"spec.nginx.peers": append([]apiextv1.ValidationRule{rule(`self.size() >= 1`, msgNoPeers, "")}, useOnce()...),
+		"spec.nginx.peers[]": {
+			rule(`self.use == "cart" || !has(self.maxConcurrencyFromBackend) || !self.maxConcurrencyFromBackend`, msgFromBackendUse, ".maxConcurrencyFromBackend"),
+		},
+		"spec.monitor": {
+			rule(`!has(self.model) || self.model.matches(`+celString(modelRE)+`)`, msgModel, ".model"),
+		},
+	}
+}
+
+// useOnce: each use may appear once.
+func useOnce() []apiextv1.ValidationRule {
+	var out []apiextv1.ValidationRule
+	for _, u := range []string{v1alpha1.UseCart, v1alpha1.UseBackend, v1alpha1.UseBackendSvc} {
+		out = append(out, rule(fmt.Sprintf(`self.filter(p, p.use == %s).size() <= 1`, celString(u)), msgUseTwice+u+" is listed twice", ""))
+	}
+	return out
+}
+
+// videoRules walks #VideoValues: every field's format becomes a rule on
+// spec (it depends on modelType), and its closing key pattern the list of
+// accepted keys.
+func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
+	vv := w.root.LookupPath(cue.ParsePath("#VideoValues"))
+	if err := vv.Err(); err != nil {
+		return nil, fmt.Errorf("#VideoValues: %w", err)
+	}
+	var out []apiextv1.ValidationRule
+	it, err := vv.Fields(cue.Optional(true), cue.Patterns(true))
+	if err != nil {
+		return nil, fmt.Errorf("#VideoValues: %w", err)
+	}
+	var keys []string
+	var closing *string
+	for it.Next() {
+		sel := it.Selector()
+		if sel.ConstraintType() == cue.PatternConstraint {
+			// [K=!~"^(a|b|…)$"]: error(…) closes the key set; the
+			// keys themselves are the struct's fields (checked below).
+			msg, _ := keyMessage(it.Value())
+			closing = &msg
+			continue
+		}
+		if sel.LabelType() != cue.StringLabel {
+			continue
+		}
+		key := sel.Unquoted()
+		keys = append(keys, key)
+		var s scalar
+		if err := w.collect(it.Value(), &s, 0); err != nil {
+			return nil, fmt.Errorf("#VideoValues.%s: %w", key, err)
+		}
+		if len(s.patterns) != 1 || len(s.messages) != 1 {
+			return nil, fmt.Errorf("#VideoValues.%s: want one pattern and one message, got %q %q", key, s.patterns, s.messages)
+		}
+		// Map-index form: self.nginx.values.rate_limit.matches(re) blows
+		// the CEL cost budget, self.nginx.values['rate_limit'] does not.
+		out = append(out, rule(fmt.Sprintf(`!%s || !has(self.nginx.values) || !(%s in self.nginx.values) || self.nginx.values[%[2]s].matches(%s)`,
+			isVideo, celString(key), celString(s.patterns[0])), s.messages[0], ".nginx.values"))
+	}
+	sort.Strings(keys)
+	w.videoKeys = keys
+	if closing == nil {
+		return nil, fmt.Errorf("#VideoValues is not closed by a [K=!~…]: error(…) key rule")
+	}
+	// Every key is a video key ⇔ the map has as many keys as the video
+	// keys it contains: constant-size iteration, so the CEL cost estimate
+	// stays small however many values a route has (iterating the map's
+	// keys is over budget, and so is naming the bad key in the message).
+	quoted := make([]string, len(keys))
+	for i, k := range keys {
+		quoted[i] = celString(k)
+	}
+	out = append(out, rule(fmt.Sprintf(`!%s || !has(self.nginx.values) || size(self.nginx.values) == [%s].filter(k, k in self.nginx.values).size()`,
+		isVideo, strings.Join(quoted, ", ")), *closing, ".nginx.values"))
+	return out, nil
+}

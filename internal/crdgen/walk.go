@@ -1,0 +1,550 @@
+package crdgen
+
+import (
+	"fmt"
+	"regexp/syntax"
+	"sort"
+	"strconv"
+	"strings"
+
+	"cuelang.org/go/cue"
+	"cuelang.org/go/cue/ast"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+)
+
+// walker turns compiled CUE definitions into OpenAPI v3 schemas. It reads
+// each field's constraint tree with cue.Value.Expr: `=~` becomes pattern,
+// `>=`/`<=` minimum/maximum, strings.MaxRunes maxLength, a disjunction of
+// concrete values an enum; an error() disjunct contributes its message to
+// the description. Struct fields that reference a definition are walked
+// from the clean definition, not from the evaluated parent: an evaluated
+// #Spec already carries the default-triggered llm branch (e.g. "use:
+// backend | backend-svc"), which is a cross-field rule, not a field type.
+type walker struct {
+	root cue.Value
+	// notRequired lists regular fields (path as in Field.Path) that CUE
+	// fills through a conditional default the walker cannot see as
+	// Default(), so they must not be required in the CRD.
+	notRequired map[string]bool
+	// required lists regular fields CUE gives an implicit default that
+	// a rule then rejects (an absent [...] list is [], and "needs at least
+	// one" fires), so absent must be rejected in the CRD too.
+	required map[string]bool
+	// fields records every leaf walked, for the schema-equality test.
+	fields []Field
+	// videoKeys are the nginx.values keys a video route accepts.
+	videoKeys []string
+}
+
+// Field is what the walker read from CUE for one leaf field; the tests
+// compare it with the generated OpenAPI schema.
+type Field struct {
+	Path     string // e.g. spec.nginx.peers[].use
+	Type     string // OpenAPI type
+	Required bool
+	Default  any // CUE default; nil when none
+	Enum     []any
+	Patterns []string
+	Min, Max *int64
+	MaxLen   *int64
+	Message  string // the error() text of the field, if any
+}
+
+// scalar accumulates the constraints of one leaf.
+type scalar struct {
+	kind     cue.Kind
+	enum     []any
+	patterns []string
+	min, max *int64
+	maxLen   *int64
+	messages []string
+}
+
+const maxDepth = 64
+
+func (w *walker) collect(v cue.Value, s *scalar, depth int) error {
+	if depth > maxDepth {
+		return fmt.Errorf("constraint too deep: %v", v)
+	}
+	op, args := v.Expr()
+	switch op {
+	case cue.AndOp:
+		for _, a := range args {
+			if err := w.collect(a, s, depth+1); err != nil {
+				return err
+			}
+		}
+	case cue.OrOp:
+		var concrete, open []cue.Value
+		for _, a := range args {
+			switch {
+			case a.Err() != nil:
+				s.messages = append(s.messages, errorText(a))
+			case a.IncompleteKind() == cue.TopKind:
+				// `*default | _`: the disjunction adds no constraint.
+				return nil
+			case a.IsConcrete():
+				concrete = append(concrete, a)
+			default:
+				open = append(open, a)
+			}
+		}
+		switch {
+		case len(open) == 0:
+			for _, c := range concrete {
+				var x any
+				if err := c.Decode(&x); err != nil {
+					return fmt.Errorf("decode enum value %v: %w", c, err)
+				}
+				s.enum = append(s.enum, x)
+			}
+		case len(open) == 1:
+			// Concrete alternatives beside an open one are its defaults
+			// (`*"64m" | #NginxSize`): they satisfy it anyway.
+			return w.collect(open[0], s, depth+1)
+		default:
+			return fmt.Errorf("disjunction of %d open constraints is not expressible as OpenAPI: %v", len(open), v)
+		}
+	case cue.RegexMatchOp:
+		re, err := args[0].String()
+		if err != nil {
+			return fmt.Errorf("regex %v: %w", v, err)
+		}
+		s.patterns = append(s.patterns, re)
+	case cue.GreaterThanEqualOp, cue.LessThanEqualOp:
+		n, err := args[0].Int64()
+		if err != nil {
+			return fmt.Errorf("bound %v: %w", v, err)
+		}
+		if op == cue.GreaterThanEqualOp {
+			s.min = maxPtr(s.min, n)
+		} else {
+			s.max = minPtr(s.max, n)
+		}
+	case cue.CallOp:
+		if fn := fmt.Sprint(args[0]); len(args) == 2 && strings.HasSuffix(fn, "MaxRunes") {
+			n, err := args[1].Int64()
+			if err != nil {
+				return fmt.Errorf("MaxRunes %v: %w", v, err)
+			}
+			s.maxLen = minPtr(s.maxLen, n)
+			return nil
+		}
+		return fmt.Errorf("unsupported call %v", v)
+	case cue.SelectorOp:
+		d := cue.Dereference(v)
+		if dop, _ := d.Expr(); dop == cue.SelectorOp {
+			return fmt.Errorf("cannot resolve reference %v", v)
+		}
+		return w.collect(d, s, depth+1)
+	case cue.NoOp:
+		k := v.IncompleteKind()
+		switch {
+		case k == cue.TopKind:
+		case v.IsConcrete():
+			var x any
+			if err := v.Decode(&x); err != nil {
+				return fmt.Errorf("decode %v: %w", v, err)
+			}
+			s.enum = append(s.enum, x)
+		default:
+			s.kind = k
+		}
+	default:
+		return fmt.Errorf("unsupported constraint %v (op %v)", v, op)
+	}
+	return nil
+}
+
+// errorText is the message of an error("…") disjunct.
+func errorText(v cue.Value) string {
+	_, args := v.Expr()
+	if len(args) == 2 {
+		if s, err := args[1].String(); err == nil {
+			return s
+		}
+	}
+	return strings.TrimSpace(strings.TrimPrefix(fmt.Sprint(v), "_|_ //"))
+}
+
+func maxPtr(p *int64, n int64) *int64 {
+	if p == nil || n > *p {
+		return &n
+	}
+	return p
+}
+
+func minPtr(p *int64, n int64) *int64 {
+	if p == nil || n < *p {
+		return &n
+	}
+	return p
+}
+
+// definitionOf returns the clean definition a field refers to (itself, or
+// one conjunct of it), if any.
+func (w *walker) definitionOf(v cue.Value) (cue.Value, bool) {
+	cands := []cue.Value{v}
+	if op, args := v.Expr(); op == cue.AndOp || op == cue.SelectorOp {
+		cands = append(cands, args...)
+	}
+	for _, c := range cands {
+		if _, p := c.ReferencePath(); len(p.Selectors()) > 0 && p.Selectors()[0].IsDefinition() {
+			d := w.root.LookupPath(p)
+			// A definition whose comprehensions need data (if use !=
+			// "cart") evaluates to an incomplete error, yet its fields
+			// can be iterated.
+			if !d.Exists() {
+				continue
+			}
+			if _, err := d.Fields(cue.Optional(true)); err == nil && (d.IncompleteKind() == cue.StructKind || d.IncompleteKind() == cue.BottomKind) {
+				return d, true
+			}
+		}
+	}
+	return cue.Value{}, false
+}
+
+// object walks a struct value.
+func (w *walker) object(v cue.Value, path string) (apiextv1.JSONSchemaProps, error) {
+	props := apiextv1.JSONSchemaProps{Type: "object"}
+	it, err := v.Fields(cue.Optional(true), cue.Patterns(true))
+	if err != nil {
+		return props, fmt.Errorf("%s: %w", path, err)
+	}
+	for it.Next() {
+		sel := it.Selector()
+		fv := it.Value()
+		if sel.ConstraintType() == cue.PatternConstraint {
+			if err := w.pattern(&props, sel, fv, path); err != nil {
+				return props, err
+			}
+			continue
+		}
+		if sel.LabelType() != cue.StringLabel {
+			continue // hidden fields and definitions are not data
+		}
+		name := sel.Unquoted()
+		fpath := join(path, name)
+		child, err := w.value(fv, fpath)
+		if err != nil {
+			return props, err
+		}
+		if doc := docText(fv); doc != "" {
+			child.Description = strings.TrimSpace(doc + " " + child.Description)
+		}
+		if props.Properties == nil {
+			props.Properties = map[string]apiextv1.JSONSchemaProps{}
+		}
+		props.Properties[name] = child
+		if sel.ConstraintType() == 0 || sel.ConstraintType() == cue.RequiredConstraint {
+			_, hasDef := fv.Default()
+			if sel.ConstraintType() == cue.RequiredConstraint || w.required[fpath] || (!hasDef && !w.notRequired[fpath]) {
+				props.Required = append(props.Required, name)
+			}
+		}
+	}
+	sort.Strings(props.Required)
+	// An open struct with neither fields nor patterns ({...}) keeps
+	// whatever it is given.
+	if props.Properties == nil && props.AdditionalProperties == nil && v.Allows(cue.AnyString) {
+		t := true
+		props.XPreserveUnknownFields = &t
+	}
+	for i, f := range w.fields {
+		if strings.HasPrefix(f.Path, path+".") && !strings.Contains(f.Path[len(path)+1:], ".") {
+			w.fields[i].Required = contains(props.Required, f.Path[len(path)+1:])
+		}
+	}
+	return props, nil
+}
+
+// pattern handles `[string]: T` (a map) and `[K=!~re]: error(…)` (a key
+// rule, rendered as CEL on the map).
+func (w *walker) pattern(props *apiextv1.JSONSchemaProps, sel cue.Selector, fv cue.Value, path string) error {
+	pat := sel.Pattern()
+	if fv.Err() != nil {
+		op, args := pat.Expr()
+		if op != cue.NotRegexMatchOp {
+			return fmt.Errorf("%s: only [!~re]: error(…) key rules are supported, got [%v]", path, pat)
+		}
+		re, err := args[0].String()
+		if err != nil {
+			return fmt.Errorf("%s: key pattern: %w", path, err)
+		}
+		msg, expr := keyMessage(fv)
+		props.XValidations = append(props.XValidations, apiextv1.ValidationRule{
+			Rule:              fmt.Sprintf("self.all(k, k.matches(%s))", celString(re)),
+			Message:           msg,
+			MessageExpression: expr(fmt.Sprintf("self.filter(k, !k.matches(%s))[0]", celString(re))),
+		})
+		return nil
+	}
+	if pat.IncompleteKind() != cue.StringKind || pat.IsConcrete() {
+		return fmt.Errorf("%s: only [string]: T maps are supported, got [%v]", path, pat)
+	}
+	child, err := w.value(fv, path+"[*]")
+	if err != nil {
+		return err
+	}
+	props.AdditionalProperties = &apiextv1.JSONSchemaPropsOrBool{Allows: true, Schema: &child}
+	return nil
+}
+
+// keyMessage returns the error() text of a key rule with the key label
+// (\(K)) cut out, and a function building a CEL messageExpression that
+// puts the offending key back in.
+func keyMessage(fv cue.Value) (string, func(key string) string) {
+	none := func(string) string { return "" }
+	var call *ast.CallExpr
+	ast.Walk(fv.Source(), func(n ast.Node) bool {
+		if c, ok := n.(*ast.CallExpr); ok && call == nil {
+			call = c
+		}
+		return call == nil
+	}, nil)
+	if call == nil || len(call.Args) != 1 {
+		return errorText(fv), none
+	}
+	in, ok := call.Args[0].(*ast.Interpolation)
+	if !ok {
+		return errorText(fv), none
+	}
+	// Parts alternate: string fragment, expression, string fragment, …
+	var text []string
+	var cel []string
+	for i, e := range in.Elts {
+		if i%2 == 1 {
+			cel = append(cel, "%KEY%")
+			text = append(text, "a key")
+			continue
+		}
+		lit, _ := e.(*ast.BasicLit)
+		if lit == nil {
+			return errorText(fv), none
+		}
+		s := lit.Value
+		// Fragments keep their quote or \( … ) delimiters.
+		if i == 0 {
+			s = strings.TrimPrefix(s, `"`)
+		} else {
+			s = strings.TrimPrefix(s, ")")
+		}
+		if i == len(in.Elts)-1 {
+			s = strings.TrimSuffix(s, `"`)
+		} else {
+			s = strings.TrimSuffix(s, `\(`)
+		}
+		if u, err := strconv.Unquote(`"` + s + `"`); err == nil {
+			s = u
+		}
+		text = append(text, s)
+		if s != "" {
+			cel = append(cel, celString(s))
+		}
+	}
+	msg := strings.TrimSpace(strings.Join(text, ""))
+	return msg, func(key string) string {
+		parts := make([]string, len(cel))
+		for i, c := range cel {
+			if c == "%KEY%" {
+				c = key
+			}
+			parts[i] = c
+		}
+		return strings.Join(parts, " + ")
+	}
+}
+
+// value walks any field value.
+func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, error) {
+	if d, ok := w.definitionOf(v); ok {
+		return w.object(d, path)
+	}
+	switch v.IncompleteKind() {
+	case cue.StructKind:
+		return w.object(v, path)
+	case cue.ListKind:
+		elem := v.LookupPath(cue.MakePath(cue.AnyIndex))
+		items, err := w.value(elem, path+"[]")
+		if err != nil {
+			return items, err
+		}
+		return apiextv1.JSONSchemaProps{Type: "array", Items: &apiextv1.JSONSchemaPropsOrArray{Schema: &items}}, nil
+	}
+	var s scalar
+	if err := w.collect(v, &s, 0); err != nil {
+		return apiextv1.JSONSchemaProps{}, fmt.Errorf("%s: %w", path, err)
+	}
+	k := v.IncompleteKind()
+	if s.kind != 0 {
+		k &= s.kind
+	}
+	p := apiextv1.JSONSchemaProps{}
+	switch k {
+	case cue.StringKind:
+		p.Type = "string"
+	case cue.IntKind:
+		p.Type = "integer"
+	case cue.BoolKind:
+		p.Type = "boolean"
+	default:
+		return p, fmt.Errorf("%s: unsupported kind %v", path, k)
+	}
+	f := Field{Path: path, Type: p.Type, Min: s.min, Max: s.max, MaxLen: s.maxLen}
+	for _, e := range s.enum {
+		raw, err := jsonValue(e)
+		if err != nil {
+			return p, fmt.Errorf("%s: %w", path, err)
+		}
+		p.Enum = append(p.Enum, raw)
+		f.Enum = append(f.Enum, e)
+	}
+	switch len(s.patterns) {
+	case 0:
+	case 1:
+		p.Pattern = s.patterns[0]
+		f.Patterns = s.patterns
+	default:
+		return p, fmt.Errorf("%s: %d patterns on one field", path, len(s.patterns))
+	}
+	if s.min != nil {
+		x := float64(*s.min)
+		p.Minimum = &x
+	}
+	if s.max != nil {
+		x := float64(*s.max)
+		p.Maximum = &x
+	}
+	p.MaxLength = s.maxLen
+	// A fully anchored, bounded pattern implies a length limit; stating it
+	// changes no verdict and lets the CEL cost estimator bound the string.
+	if p.Pattern != "" {
+		if n, ok := patternMaxLen(p.Pattern); ok {
+			p.MaxLength = minPtr(p.MaxLength, n)
+		}
+	}
+	if len(s.messages) > 0 {
+		f.Message = s.messages[0]
+		p.Description = "Rule: " + s.messages[0] + "."
+	}
+	if d, ok := v.Default(); ok && d.IsConcrete() {
+		var x any
+		if err := d.Decode(&x); err == nil {
+			f.Default = x
+			p.Description = strings.TrimSpace(fmt.Sprintf("%s Default: %v (applied by the controller from the CUE schema).", p.Description, x))
+		}
+	}
+	w.fields = append(w.fields, f)
+	return p, nil
+}
+
+func jsonValue(x any) (apiextv1.JSON, error) {
+	switch t := x.(type) {
+	case string:
+		return apiextv1.JSON{Raw: []byte(strconv.Quote(t))}, nil
+	case bool:
+		return apiextv1.JSON{Raw: []byte(strconv.FormatBool(t))}, nil
+	default:
+		return apiextv1.JSON{Raw: []byte(fmt.Sprint(t))}, nil
+	}
+}
+
+func docText(v cue.Value) string {
+	var parts []string
+	for _, c := range v.Doc() {
+		parts = append(parts, strings.Join(strings.Fields(c.Text()), " "))
+	}
+	return strings.Join(parts, " ")
+}
+
+func join(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// celString quotes s as a CEL string literal.
+func celString(s string) string {
+	return strconv.Quote(s)
+}
+
+// patternMaxLen returns the longest string (in runes) a regex accepts when
+// every alternative is anchored at both ends and has no unbounded repeat.
+func patternMaxLen(re string) (int64, bool) {
+	r, err := syntax.Parse(re, syntax.Perl)
+	if err != nil {
+		return 0, false
+	}
+	r = r.Simplify()
+	alts := []*syntax.Regexp{r}
+	if r.Op == syntax.OpAlternate {
+		alts = r.Sub
+	}
+	var best int64
+	for _, a := range alts {
+		if a.Op != syntax.OpConcat || len(a.Sub) < 2 || a.Sub[0].Op != syntax.OpBeginText || a.Sub[len(a.Sub)-1].Op != syntax.OpEndText {
+			return 0, false
+		}
+		n, ok := maxLen(a)
+		if !ok {
+			return 0, false
+		}
+		if n > best {
+			best = n
+		}
+	}
+	return best, true
+}
+
+func maxLen(r *syntax.Regexp) (int64, bool) {
+	switch r.Op {
+	case syntax.OpEmptyMatch, syntax.OpBeginText, syntax.OpEndText, syntax.OpBeginLine, syntax.OpEndLine, syntax.OpWordBoundary, syntax.OpNoWordBoundary:
+		return 0, true
+	case syntax.OpLiteral:
+		return int64(len(r.Rune)), true
+	case syntax.OpCharClass, syntax.OpAnyChar, syntax.OpAnyCharNotNL:
+		return 1, true
+	case syntax.OpCapture, syntax.OpQuest:
+		return maxLen(r.Sub[0])
+	case syntax.OpRepeat:
+		if r.Max < 0 {
+			return 0, false
+		}
+		n, ok := maxLen(r.Sub[0])
+		return n * int64(r.Max), ok
+	case syntax.OpConcat:
+		var sum int64
+		for _, s := range r.Sub {
+			n, ok := maxLen(s)
+			if !ok {
+				return 0, false
+			}
+			sum += n
+		}
+		return sum, true
+	case syntax.OpAlternate:
+		var best int64
+		for _, s := range r.Sub {
+			n, ok := maxLen(s)
+			if !ok {
+				return 0, false
+			}
+			if n > best {
+				best = n
+			}
+		}
+		return best, true
+	}
+	return 0, false
+}
