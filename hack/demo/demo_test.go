@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDemo runs the whole demo without pauses: the real apiserver, the real
+// controller and reload binaries and a real nginx (required here: a
+// missing nginx fails the test instead of skipping the data plane).
+func TestDemo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds binaries and starts a control plane; run without -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, &out, options{Nginx: "on", Timeout: 90 * time.Second})
+	t.Logf("demo output:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("demo: %v", err)
+	}
+	for _, want := range []string{
+		"served by video-1, video-2 (",
+		"served by video-1, video-2, video-3, video-4 (",
+		"served by video-1 (",
+		"the last good backend list stays",
+		"done: every scene converged",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q", want)
+		}
+	}
+}
+
+func TestLineDiff(t *testing.T) {
+	removed, added := lineDiff([]string{"a", "b", "b", "c"}, []string{"b", "c", "d"})
+	if strings.Join(removed, ",") != "a,b" || strings.Join(added, ",") != "d" {
+		t.Fatalf("lineDiff = -%v +%v, want -[a b] +[d]", removed, added)
+	}
+}
