@@ -126,6 +126,9 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 	for _, w := range res.Warnings {
 		fmt.Fprintf(stderr, "autoconfig compile: warning: %s\n", w)
 	}
+	// Render everything before printing or writing anything: a failing
+	// output (e.g. a bad base config) leaves no partial result behind.
+	rendered := make([][]byte, len(res.Outputs))
 	for i, out := range res.Outputs {
 		var current []byte
 		if out.Key == compiler.CartKey && route.Spec.Cart != nil {
@@ -136,24 +139,25 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 				return fail(err)
 			}
 		}
-		data, err := out.Render(current)
-		if err != nil {
+		if rendered[i], err = out.Render(current); err != nil {
 			return fail(err)
 		}
+	}
+	for i, out := range res.Outputs {
 		loc := out.ConfigMap + "/" + out.Key
 		if o.outDir == "" {
 			if i > 0 {
 				fmt.Fprintln(stdout)
 			}
 			fmt.Fprintf(stdout, "==> %s <==\n", loc)
-			stdout.Write(data)
+			stdout.Write(rendered[i])
 			continue
 		}
 		path := filepath.Join(o.outDir, filepath.FromSlash(loc))
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return fail(err)
 		}
-		if err := os.WriteFile(path, data, 0o644); err != nil {
+		if err := os.WriteFile(path, rendered[i], 0o644); err != nil {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", path)

@@ -1,0 +1,160 @@
+package compiler
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelsphere/autoconfig/schema"
+)
+
+// TestGolden compiles every valid route (deploy/samples and
+// testdata/routes/valid) against testdata/snapshots/default.yaml and the
+// CART base testdata/snapshots/cart-base.yaml, and compares the outputs with
+// testdata/golden/<dir>/<route>.txt. The goldens pin the rendered bytes: an
+// upgrade that changes them reloads every consumer. Update with
+//
+//	AUTOCONFIG_UPDATE=1 go test -run TestGolden ./compiler
+func TestGolden(t *testing.T) {
+	update := os.Getenv("AUTOCONFIG_UPDATE") == "1"
+	root := repoRoot(t)
+	v, err := schema.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapSrc, err := os.ReadFile(filepath.Join(root, "testdata", "snapshots", "default.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ParseSnapshot(snapSrc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.ReadFile(filepath.Join(root, "testdata", "snapshots", "cart-base.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, dir := range []string{"deploy/samples", "testdata/routes/valid"} {
+		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
+		files = append(files, m...)
+	}
+	if len(files) < 2 {
+		t.Fatalf("found only %d valid routes", len(files))
+	}
+	for _, f := range files {
+		rel, _ := filepath.Rel(root, f)
+		golden := filepath.Join(root, "testdata", "golden", filepath.Base(filepath.Dir(f)), strings.TrimSuffix(filepath.Base(f), ".yaml")+".txt")
+		t.Run(rel, func(t *testing.T) {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			route, err := v.Validate(rel, src)
+			if err != nil {
+				t.Fatalf("a valid route is invalid: %v", err)
+			}
+			res, err := Compile(route, snap, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got bytes.Buffer
+			got.WriteString("# " + rel + " compiled with testdata/snapshots/default.yaml\n")
+			for _, w := range res.Warnings {
+				got.WriteString("# warning: " + w + "\n")
+			}
+			for _, o := range res.Outputs {
+				data, err := o.Render(base)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got.WriteString("\n==> " + o.ConfigMap + "/" + o.Key + " <==\n")
+				got.Write(data)
+			}
+			// Compiling again gives the same bytes.
+			res2, _ := Compile(route, snap, Options{})
+			for i, o := range res2.Outputs {
+				a, _ := o.Render(base)
+				b, _ := res.Outputs[i].Render(base)
+				if !bytes.Equal(a, b) {
+					t.Fatalf("%s: second compile differs", o.Key)
+				}
+			}
+			if update {
+				if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("no golden for %s (run AUTOCONFIG_UPDATE=1 go test -run TestGolden ./compiler): %v", rel, err)
+			}
+			if !bytes.Equal(got.Bytes(), want) {
+				t.Errorf("%s differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", rel, golden, got.String())
+			}
+		})
+	}
+}
+
+// TestNginxLoadsValidRoutes installs every valid route's file into one real
+// nginx at once (they share http{}: zone, map and upstream names must not
+// collide) and checks each route answers through the dispatch server.
+func TestNginxLoadsValidRoutes(t *testing.T) {
+	root := repoRoot(t)
+	v, err := schema.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNginx(t)
+	be := newBackend(t, text("ok"))
+	snap := Snapshot{Backends: []Endpoint{be.endpoint(t)}, BackendService: be.vip(t), CartService: be.vip(t)}
+	var files []string
+	for _, dir := range []string{"deploy/samples", "testdata/routes/valid"} {
+		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
+		files = append(files, m...)
+	}
+	routes := map[string]bool{}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		route, err := v.Validate(f, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := RouteName(route)
+		if routes[name] {
+			continue // two corpus files may use one route name
+		}
+		routes[name] = true
+		res, err := Compile(route, snap, Options{SockDir: n.SockDir()})
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		conf, _ := res.Outputs[0].Render(nil)
+		if err := os.WriteFile(filepath.Join(n.RoutesDir(), res.Outputs[0].Key), conf, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Test(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for name := range routes {
+		// The public download path needs no key on any video route with
+		// the default auth_public_paths; llm routes go through the stub.
+		code, body, _ := do(t, nil, "GET", n.URL(name)+"v2/video_generation/id/content", nil, "")
+		if code != 200 && code != 401 {
+			t.Errorf("route %s: %d %q", name, code, body)
+		}
+	}
+}
