@@ -1,0 +1,150 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/internal/testenv"
+)
+
+// TestRoundTripThroughAPIServer stores the LLM sample with a typed client
+// (scheme registration + deep copies), writes status through the status
+// subresource, lists it, and reads the printer columns kubectl shows.
+func TestRoundTripThroughAPIServer(t *testing.T) {
+	_, cfg := testenv.Start(t)
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join(root, "deploy", "samples", "modelroute-llm.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mr v1alpha1.ModelRoute
+	if err := yaml.UnmarshalStrict(src, &mr); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: mr.Namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	want := mr.Spec.DeepCopy()
+	if err := c.Create(ctx, &mr); err != nil {
+		t.Fatalf("create sample: %v", err)
+	}
+
+	var got v1alpha1.ModelRoute
+	if err := c.Get(ctx, client.ObjectKeyFromObject(&mr), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(&got.Spec, want) {
+		t.Errorf("stored spec differs:\n got %+v\nwant %+v", got.Spec, *want)
+	}
+
+	// Status goes through the subresource; a spec write does not touch it.
+	got.Status = v1alpha1.Status{
+		ObservedGeneration: got.Generation,
+		Backends:           3,
+		CartPeers:          2,
+		BackendEndpoints:   []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"},
+		Conditions: []metav1.Condition{{
+			Type: "Ready", Status: metav1.ConditionTrue, Reason: "Written",
+			Message: "outputs written", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
+		}},
+	}
+	wantStatus := got.Status.DeepCopy()
+	if err := c.Status().Update(ctx, &got); err != nil {
+		t.Fatalf("status update: %v", err)
+	}
+	var list v1alpha1.ModelRouteList
+	if err := c.List(ctx, &list, client.InNamespace(mr.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 {
+		t.Fatalf("list: %d items, want 1", len(list.Items))
+	}
+	gs := list.Items[0].Status
+	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers || !reflect.DeepEqual(gs.BackendEndpoints, wantStatus.BackendEndpoints) ||
+		len(gs.Conditions) != 1 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
+		t.Errorf("stored status differs: %+v", gs)
+	}
+
+	// kubectl get mr: NAME BACKENDS CART READY AGE.
+	table := getTable(ctx, t, cfg, "/apis/"+v1alpha1.Group+"/"+v1alpha1.Version+"/namespaces/"+mr.Namespace+"/modelroutes")
+	var cols []string
+	for _, c := range table.ColumnDefinitions {
+		cols = append(cols, c.Name)
+	}
+	if want := []string{"Name", "Backends", "Cart", "Ready", "Age"}; !reflect.DeepEqual(cols, want) {
+		t.Errorf("printer columns %q, want %q", cols, want)
+	}
+	if len(table.Rows) != 1 {
+		t.Fatalf("table rows: %d, want 1", len(table.Rows))
+	}
+	cells := fmt.Sprint(table.Rows[0].Cells[:4])
+	if want := "[qwen 3 2 True]"; cells != want {
+		t.Errorf("row cells %s, want %s", cells, want)
+	}
+}
+
+func getTable(ctx context.Context, t *testing.T, cfg *rest.Config, path string) metav1.Table {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.JoinPath(cfg.Host, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", u, resp.Status, body)
+	}
+	var table metav1.Table
+	if err := json.Unmarshal(body, &table); err != nil {
+		t.Fatalf("decode table: %v", err)
+	}
+	return table
+}
