@@ -303,10 +303,15 @@ func (c *cluster) getLease() (*coordinationv1.Lease, error) {
 
 // ---- the app: a TCP listener the test opens and closes ----
 
+// appPort is the router's port. Closed, it keeps the port bound by a
+// socket that does not listen (connections are refused), so no other
+// process on this busy machine can take the port over in between and
+// make the "dead" app look alive.
 type appPort struct {
-	mu   sync.Mutex
-	port int
-	ln   net.Listener
+	mu     sync.Mutex
+	port   int
+	ln     net.Listener
+	holdFD int // bound, not listening; -1 when open
 }
 
 func newApp(t testing.TB) *appPort {
@@ -315,9 +320,17 @@ func newApp(t testing.TB) *appPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &appPort{port: ln.Addr().(*net.TCPAddr).Port}
+	a := &appPort{port: ln.Addr().(*net.TCPAddr).Port, holdFD: -1}
 	a.serve(ln)
-	t.Cleanup(a.close)
+	t.Cleanup(func() {
+		a.close()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.holdFD >= 0 {
+			syscall.Close(a.holdFD)
+			a.holdFD = -1
+		}
+	})
 	return a
 }
 
@@ -334,13 +347,25 @@ func (a *appPort) serve(ln net.Listener) {
 	}()
 }
 
+// close stops listening and holds the port.
 func (a *appPort) close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.ln != nil {
-		a.ln.Close()
-		a.ln = nil
+	if a.ln == nil {
+		return
 	}
+	a.ln.Close()
+	a.ln = nil
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	_ = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Port: a.port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		syscall.Close(fd)
+		return
+	}
+	a.holdFD = fd
 }
 
 // open listens on the same port again (retrying while the kernel still
@@ -350,6 +375,10 @@ func (a *appPort) open(t testing.TB) {
 	defer a.mu.Unlock()
 	if a.ln != nil {
 		return
+	}
+	if a.holdFD >= 0 {
+		syscall.Close(a.holdFD)
+		a.holdFD = -1
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {

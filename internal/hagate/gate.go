@@ -188,11 +188,11 @@ func (g *Gate) Run(ctx context.Context) error {
 
 // tick compares the pod's label with the desired state and fixes it.
 func (g *Gate) tick(ctx context.Context) {
+	healthy, why := g.health(ctx)
 	defer func() {
 		g.lastTick.Store(g.cfg.Clock.Now().UnixNano())
-		g.cfg.Logger.Debug("pass done", "leader", g.logged.leader, "active", g.logged.active)
+		g.cfg.Logger.Debug("pass done", "healthy", healthy, "leader", g.logged.leader, "active", g.logged.active)
 	}()
-	healthy, why := g.health(ctx)
 	if ctx.Err() != nil {
 		return
 	}
