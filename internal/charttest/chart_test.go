@@ -1,0 +1,429 @@
+package charttest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	authv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/testenv"
+)
+
+var (
+	root    string
+	testCfg *rest.Config
+	k8s     client.Client
+)
+
+// TestMain starts one control plane for the package (CRDs installed once).
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	var err error
+	if root, err = testenv.ModuleRoot(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	_, cfg, stop, err := testenv.StartForMain()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "charttest:", err)
+		return 1
+	}
+	defer stop()
+	testCfg = cfg
+	if k8s, err = client.New(cfg, client.Options{Scheme: scheme.Scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func render(t *testing.T, name, ns string, values map[string]any) *Release {
+	t.Helper()
+	rel, err := Render(Path(root), name, ns, values)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return rel
+}
+
+// sampleSpec reads a deploy/samples route's spec, as a user would paste it
+// under modelRoutes:.
+func sampleSpec(t *testing.T, file string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "samples", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m["spec"].(map[string]any)
+}
+
+// The chart's version and appVersion follow cmd/autoconfig's Version.
+func TestChartVersionFollowsBinary(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "cmd", "autoconfig", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^var Version = "([^"]+)"`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal(`cmd/autoconfig/main.go has no line var Version = "…"`)
+	}
+	rel := render(t, "ac", "autoconfig-system", nil)
+	if v := string(m[1]); rel.Chart.Metadata.Version != v || rel.Chart.Metadata.AppVersion != v {
+		t.Errorf("Chart.yaml version %s appVersion %s, cmd/autoconfig Version %s: bump them together",
+			rel.Chart.Metadata.Version, rel.Chart.Metadata.AppVersion, v)
+	}
+}
+
+// The chart ships the generated CRD unchanged (make generate copies it).
+func TestChartCRDIsTheGeneratedOne(t *testing.T) {
+	const name = "routing.modelsphere.dev_modelroutes.yaml"
+	want, err := os.ReadFile(filepath.Join(root, "deploy", "crds", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(Path(root), "crds", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("deploy/helm/autoconfig/crds/%s differs from deploy/crds/%s: run make generate", name, name)
+	}
+	rel := render(t, "ac", "autoconfig-system", nil)
+	if len(rel.CRDs) != 1 || rel.CRDs[0].GetName() != "modelroutes.routing.modelsphere.dev" {
+		t.Errorf("chart CRDs = %v, want the modelroutes CRD", rel.CRDs)
+	}
+}
+
+type rule struct {
+	groups, resources, verbs []string
+}
+
+func rules(t *testing.T, o *unstructured.Unstructured) []rule {
+	t.Helper()
+	raw, _, _ := unstructured.NestedSlice(o.Object, "rules")
+	var out []rule
+	for _, r := range raw {
+		m := r.(map[string]any)
+		out = append(out, rule{strs(m["apiGroups"]), strs(m["resources"]), strs(m["verbs"])})
+	}
+	return out
+}
+
+func strs(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+// verbs collects the verbs granted on group/resource.
+func verbs(rs []rule, group, resource string) []string {
+	var out []string
+	for _, r := range rs {
+		if slices.Contains(r.groups, group) && slices.Contains(r.resources, resource) {
+			out = append(out, r.verbs...)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func TestDefaultRender(t *testing.T) {
+	const ns = "autoconfig-system"
+	rel := render(t, "ac", ns, nil)
+	for _, want := range []string{
+		"ServiceAccount " + ns + "/ac-autoconfig",
+		"ClusterRole /ac-autoconfig", "ClusterRoleBinding /ac-autoconfig",
+		"ClusterRole /ac-autoconfig-nodes", "ClusterRoleBinding /ac-autoconfig-nodes",
+		"Role " + ns + "/ac-autoconfig-leader-election", "RoleBinding " + ns + "/ac-autoconfig-leader-election",
+		"Deployment " + ns + "/ac-autoconfig", "Service " + ns + "/ac-autoconfig-metrics",
+	} {
+		if !slices.Contains(rel.Kinds(), want) {
+			t.Errorf("default render lacks %s; got %v", want, rel.Kinds())
+		}
+	}
+	for _, o := range rel.Objects {
+		if o.GetKind() == "ServiceMonitor" || o.GetKind() == "ModelRoute" {
+			t.Errorf("default render has %s %s (off by default)", o.GetKind(), o.GetName())
+		}
+	}
+
+	cr := rules(t, rel.Find("ClusterRole", "", "ac-autoconfig"))
+	for _, r := range cr {
+		if slices.Contains(r.verbs, "*") || slices.Contains(r.resources, "*") || slices.Contains(r.groups, "*") {
+			t.Errorf("wildcard rule %+v", r)
+		}
+	}
+	for _, c := range []struct {
+		group, resource string
+		want            []string
+	}{
+		{"", "configmaps", []string{"get", "list", "patch", "update", "watch"}},
+		{"discovery.k8s.io", "endpointslices", []string{"get", "list", "watch"}},
+		{"", "pods", []string{"get", "list", "watch"}},
+		{"", "services", []string{"create", "delete", "get", "list", "update", "watch"}},
+		{"routing.modelsphere.dev", "modelroutes", []string{"get", "list", "patch", "update", "watch"}},
+		{"routing.modelsphere.dev", "modelroutes/status", []string{"get", "patch", "update"}},
+		{"routing.modelsphere.dev", "modelroutes/finalizers", []string{"update"}},
+		{"", "nodes", nil},
+		{"coordination.k8s.io", "leases", nil},
+	} {
+		if got := verbs(cr, c.group, c.resource); !slices.Equal(got, c.want) {
+			t.Errorf("ClusterRole verbs on %s %q = %v, want %v", c.resource, c.group, got, c.want)
+		}
+	}
+	if got := verbs(rules(t, rel.Find("ClusterRole", "", "ac-autoconfig-nodes")), "", "nodes"); !slices.Equal(got, []string{"get", "list", "watch"}) {
+		t.Errorf("nodes verbs = %v", got)
+	}
+	if got := verbs(rules(t, rel.Find("Role", ns, "ac-autoconfig-leader-election")), "coordination.k8s.io", "leases"); !slices.Equal(got, []string{"create", "get", "update"}) {
+		t.Errorf("lease verbs = %v", got)
+	}
+
+	dep := rel.Find("Deployment", ns, "ac-autoconfig")
+	c := container(t, dep)
+	if c["image"] != "ghcr.io/modelsphere/autoconfig:"+rel.Chart.Metadata.AppVersion {
+		t.Errorf("image = %v, want the appVersion tag", c["image"])
+	}
+	args := strs(c["args"])
+	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %v lack %s", args, want)
+		}
+	}
+	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--watch-namespaces") }) {
+		t.Errorf("cluster-wide install passes --watch-namespaces: %v", args)
+	}
+	if p, _, _ := unstructured.NestedString(c, "livenessProbe", "httpGet", "path"); p != "/healthz" {
+		t.Errorf("liveness path %q", p)
+	}
+	if p, _, _ := unstructured.NestedString(c, "readinessProbe", "httpGet", "path"); p != "/readyz" {
+		t.Errorf("readiness path %q", p)
+	}
+	sc, _, _ := unstructured.NestedMap(c, "securityContext")
+	if sc["readOnlyRootFilesystem"] != true || sc["runAsNonRoot"] != true || sc["allowPrivilegeEscalation"] != false {
+		t.Errorf("container securityContext %v", sc)
+	}
+	if drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop"); !slices.Equal(drop, []string{"ALL"}) {
+		t.Errorf("capabilities.drop = %v", drop)
+	}
+	if r, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas"); r != 1 {
+		t.Errorf("replicas = %d", r)
+	}
+}
+
+func container(t *testing.T, dep *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("containers = %d, want 1", len(cs))
+	}
+	return cs[0].(map[string]any)
+}
+
+func TestScopedRender(t *testing.T) {
+	const ns = "autoconfig-system"
+	rel := render(t, "ac", ns, map[string]any{
+		"watchNamespaces":   []any{"llm-route", "llm"},
+		"failOpen":          map[string]any{"manageFallbackServices": false},
+		"replicaCount":      3,
+		"image":             map[string]any{"tag": "dev"},
+		"metrics":           map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
+		"modelRoutes":       []any{map[string]any{"name": "wan-video", "namespace": "llm-route", "spec": sampleSpec(t, "modelroute-video.yaml")}},
+		"leaderElection":    map[string]any{"enabled": true},
+		"logLevel":          "debug",
+		"serviceAccount":    map[string]any{"name": "custom-sa"},
+		"podLabels":         map[string]any{"team": "inference"},
+		"priorityClassName": "system-cluster-critical",
+	})
+	if rel.Find("ClusterRole", "", "ac-autoconfig") != nil || rel.Find("ClusterRoleBinding", "", "ac-autoconfig") != nil {
+		t.Errorf("scoped install still renders the cluster-wide role: %v", rel.Kinds())
+	}
+	for _, wns := range []string{"llm-route", "llm"} {
+		role := rel.Find("Role", wns, "ac-autoconfig")
+		if role == nil || rel.Find("RoleBinding", wns, "ac-autoconfig") == nil {
+			t.Fatalf("no Role+RoleBinding in %s: %v", wns, rel.Kinds())
+		}
+		rs := rules(t, role)
+		if got := verbs(rs, "", "services"); !slices.Equal(got, []string{"get", "list", "watch"}) {
+			t.Errorf("failOpen.manageFallbackServices=false: services verbs %v, want read-only", got)
+		}
+		if got := verbs(rs, "", "configmaps"); slices.Contains(got, "create") {
+			t.Errorf("configmaps verbs %v include create", got)
+		}
+		sub, _, _ := unstructured.NestedSlice(rel.Find("RoleBinding", wns, "ac-autoconfig").Object, "subjects")
+		if s := sub[0].(map[string]any); s["name"] != "custom-sa" || s["namespace"] != ns {
+			t.Errorf("RoleBinding subject %v", s)
+		}
+	}
+	if rel.Find("ClusterRole", "", "ac-autoconfig-nodes") == nil {
+		t.Error("scoped install lacks the nodes ClusterRole")
+	}
+	dep := rel.Find("Deployment", ns, "ac-autoconfig")
+	c := container(t, dep)
+	if c["image"] != "ghcr.io/modelsphere/autoconfig:dev" {
+		t.Errorf("image %v", c["image"])
+	}
+	args := strs(c["args"])
+	for _, want := range []string{"--watch-namespaces=llm-route,llm", "--log-level=debug", "--leader-elect=true"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %v lack %s", args, want)
+		}
+	}
+	if r, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas"); r != 3 {
+		t.Errorf("replicas = %d", r)
+	}
+	if sa, _, _ := unstructured.NestedString(dep.Object, "spec", "template", "spec", "serviceAccountName"); sa != "custom-sa" {
+		t.Errorf("serviceAccountName %q", sa)
+	}
+	if rel.Find("ServiceMonitor", ns, "ac-autoconfig") == nil {
+		t.Errorf("no ServiceMonitor: %v", rel.Kinds())
+	}
+	mr := rel.Find("ModelRoute", "llm-route", "wan-video")
+	if mr == nil {
+		t.Fatalf("no ModelRoute llm-route/wan-video: %v", rel.Kinds())
+	}
+	if got, _, _ := unstructured.NestedString(mr.Object, "spec", "nginx", "values", "rate_limit"); got != "200Mbps" {
+		t.Errorf("ModelRoute spec not rendered verbatim: rate_limit %q", got)
+	}
+}
+
+// TestApplyToAPIServer creates every rendered object on a real API server
+// (the CRD's schema and CEL rules judge the ModelRoutes), then checks what
+// the chart's ServiceAccount may do with SubjectAccessReviews and with real
+// requests impersonating it.
+func TestApplyToAPIServer(t *testing.T) {
+	cases := []struct {
+		name, ns string
+		values   map[string]any
+		routeNS  string
+		// outside is a namespace the ServiceAccount must not write.
+		outside string
+	}{
+		{name: "wide", ns: "ac-wide", routeNS: "routes-wide", values: map[string]any{
+			"modelRoutes": []any{
+				map[string]any{"name": "qwen", "namespace": "routes-wide", "spec": sampleSpec(t, "modelroute-llm.yaml")},
+				map[string]any{"name": "wan-video", "namespace": "routes-wide", "spec": sampleSpec(t, "modelroute-video.yaml")},
+			},
+		}},
+		{name: "scoped", ns: "ac-scoped", routeNS: "routes-scoped", outside: "elsewhere", values: map[string]any{
+			"watchNamespaces": []any{"routes-scoped"},
+			"replicaCount":    2,
+			"failOpen":        map[string]any{"manageFallbackServices": false},
+			"modelRoutes": []any{
+				map[string]any{"name": "wan-video", "namespace": "routes-scoped", "spec": sampleSpec(t, "modelroute-video.yaml")},
+			},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			rel := render(t, tc.name, tc.ns, tc.values)
+			for _, n := range []string{tc.ns, tc.routeNS, tc.outside} {
+				if n == "" {
+					continue
+				}
+				if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+					t.Fatalf("namespace %s: %v", n, err)
+				}
+			}
+			for _, o := range rel.Objects {
+				if err := k8s.Create(ctx, o.DeepCopy()); err != nil {
+					t.Fatalf("create %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+				}
+			}
+			sa := "system:serviceaccount:" + tc.ns + ":" + tc.name + "-autoconfig"
+			can := func(ns, group, resource, verb string) bool {
+				t.Helper()
+				sar := &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+					User:               sa,
+					Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + tc.ns, "system:authenticated"},
+					ResourceAttributes: &authv1.ResourceAttributes{Namespace: ns, Group: group, Resource: resource, Verb: verb},
+				}}
+				if err := k8s.Create(ctx, sar); err != nil {
+					t.Fatalf("SubjectAccessReview: %v", err)
+				}
+				return sar.Status.Allowed
+			}
+			for _, c := range []struct {
+				ns, group, resource, verb string
+				want                      bool
+			}{
+				{tc.routeNS, "", "configmaps", "create", false},
+				{tc.routeNS, "", "configmaps", "delete", false},
+				{tc.routeNS, "", "configmaps", "patch", true},
+				{tc.routeNS, "", "configmaps", "watch", true},
+				{tc.routeNS, "", "secrets", "get", false},
+				{tc.routeNS, "discovery.k8s.io", "endpointslices", "list", true},
+				{tc.routeNS, "discovery.k8s.io", "endpointslices", "update", false},
+				{tc.routeNS, "routing.modelsphere.dev", "modelroutes", "create", false},
+				{tc.routeNS, "routing.modelsphere.dev", "modelroutes/status", "patch", true},
+				{tc.routeNS, "", "services", "create", tc.name == "wide"},
+				{"", "", "nodes", "list", true},
+				{tc.ns, "coordination.k8s.io", "leases", "create", true},
+				{tc.ns, "coordination.k8s.io", "leases", "delete", false},
+			} {
+				if got := can(c.ns, c.group, c.resource, c.verb); got != c.want {
+					t.Errorf("%s may %s %s.%s in %q: %v, want %v", sa, c.verb, c.resource, c.group, c.ns, got, c.want)
+				}
+			}
+			if tc.outside != "" && can(tc.outside, "", "configmaps", "patch") {
+				t.Errorf("scoped install may patch ConfigMaps in %s (not watched)", tc.outside)
+			}
+
+			// Real requests as the ServiceAccount: an existing ConfigMap can
+			// be updated, a new one cannot be created.
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tc.routeNS, Name: "openresty-conf"}}
+			if err := k8s.Create(ctx, cm); err != nil {
+				t.Fatal(err)
+			}
+			as := impersonate(t, tc.ns, tc.name+"-autoconfig")
+			got := &corev1.ConfigMap{}
+			if err := as.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil {
+				t.Fatalf("get as the ServiceAccount: %v", err)
+			}
+			got.Data = map[string]string{"session_route_x.conf": "# x\n"}
+			if err := as.Update(ctx, got); err != nil {
+				t.Errorf("update an existing ConfigMap as the ServiceAccount: %v", err)
+			}
+			err := as.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tc.routeNS, Name: "new"}})
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("create a ConfigMap as the ServiceAccount: %v, want Forbidden", err)
+			}
+		})
+	}
+}
+
+func impersonate(t *testing.T, ns, name string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(testCfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":" + name,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
