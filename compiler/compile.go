@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -150,12 +151,11 @@ func Compile(route *v1alpha1.ModelRoute, snap Snapshot, opts Options) (Result, e
 	})
 	if cart := route.Spec.Cart; cart != nil {
 		cm := ResolveRef(route, cart.OutputConfigMap)
-		workers := c.cartWorkers()
 		res.Outputs = append(res.Outputs, Output{
 			ConfigMap: cm,
 			Key:       CartKey,
 			Render: func(current []byte) ([]byte, error) {
-				return RenderCartConfig(current, workers, cm)
+				return RenderCartConfig(current, c.cartWorkers(), cm)
 			},
 		})
 	}
@@ -228,32 +228,74 @@ func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
 	if port < 1 || port > 65535 {
 		return endpoint{}, fmt.Errorf("%s endpoint %s: port %d is outside 1-65535", what, ip, port)
 	}
+	if a.Is4() {
+		// ParseAddr accepts only the canonical dotted form for IPv4 (no
+		// leading zeros), so the input string is reused: no allocation.
+		return endpoint{addr: a, port: int(port), ip: ip}, nil
+	}
 	a = a.Unmap()
 	return endpoint{addr: a, port: int(port), ip: a.String()}, nil
 }
 
 // normalize parses, sorts (by address, then port) and deduplicates
-// endpoints, so the output does not depend on discovery order.
+// endpoints, so the output does not depend on discovery order. Sorting runs
+// on pointer-free keys (no write barriers, no netip.Compare calls): at 10,000
+// endpoints this is most of Compile's time.
 func normalize(in []Endpoint, what string) ([]endpoint, error) {
-	out := make([]endpoint, 0, len(in))
-	for _, e := range in {
+	parsed := make([]endpoint, len(in))
+	keys := make([]sortKey, len(in))
+	for i, e := range in {
 		p, err := parseEndpoint(e.IP, e.Port, what)
 		if err != nil {
 			return nil, err
 		}
 		p.gpu = e.GPUProduct
-		out = append(out, p)
+		parsed[i] = p
+		a16 := p.addr.As16()
+		keys[i] = sortKey{
+			hi:   binary.BigEndian.Uint64(a16[:8]),
+			lo:   binary.BigEndian.Uint64(a16[8:]),
+			v6:   p.addr.Is6(),
+			port: uint16(p.port),
+			idx:  uint32(i),
+		}
 	}
-	slices.SortFunc(out, func(a, b endpoint) int {
-		if c := a.addr.Compare(b.addr); c != 0 {
+	slices.SortFunc(keys, func(a, b sortKey) int {
+		// IPv4 before IPv6, as netip.Addr.Compare orders them.
+		if a.v6 != b.v6 {
+			if a.v6 {
+				return 1
+			}
+			return -1
+		}
+		if c := cmp.Compare(a.hi, b.hi); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.lo, b.lo); c != 0 {
 			return c
 		}
 		if c := cmp.Compare(a.port, b.port); c != 0 {
 			return c
 		}
-		return strings.Compare(a.gpu, b.gpu)
+		// Duplicates: the smallest GPU label wins, whatever the order.
+		return strings.Compare(parsed[a.idx].gpu, parsed[b.idx].gpu)
 	})
-	return slices.CompactFunc(out, func(a, b endpoint) bool { return a.addr == b.addr && a.port == b.port }), nil
+	out := make([]endpoint, 0, len(in))
+	for i, k := range keys {
+		if i > 0 && k.hi == keys[i-1].hi && k.lo == keys[i-1].lo && k.v6 == keys[i-1].v6 && k.port == keys[i-1].port {
+			continue
+		}
+		out = append(out, parsed[k.idx])
+	}
+	return out, nil
+}
+
+// sortKey orders endpoints: address bytes, family, port.
+type sortKey struct {
+	hi, lo uint64
+	v6     bool
+	port   uint16
+	idx    uint32
 }
 
 func normalizeVIP(v *ServiceVIP, what string) (*endpoint, error) {

@@ -18,7 +18,7 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	for _, t := range tiers {
 		n += len(t.peers)
 	}
-	b := make([]byte, 0, 2048+64*n+128*len(c.route.Spec.Nginx.Values))
+	b := make([]byte, 0, 2560+96*n+128*len(c.route.Spec.Nginx.Values))
 	b = c.appendHeader(b)
 	up := upstreamName(c.name)
 	route := LuaString(c.name)

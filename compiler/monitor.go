@@ -1,7 +1,6 @@
 package compiler
 
 import (
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -34,7 +33,7 @@ func (c *compilation) renderMonitor(model string) []byte {
 		c.warnf("monitor router: lines enabled but no CART pods were discovered; no router: lines written")
 	}
 
-	b := make([]byte, 0, 256+80*len(c.backends)+40*(len(c.nginxPods)+len(c.cartPods)))
+	b := make([]byte, 0, 256+(80+len(model))*len(c.backends)+64*(len(c.nginxPods)+len(c.cartPods)))
 	b = append(b, "# "...)
 	b = append(b, MonitorKey(model)...)
 	b = append(b, ": written by autoconfig from ModelRoute "...)
@@ -75,8 +74,14 @@ func (c *compilation) renderMonitor(model string) []byte {
 // empty and disagree lists the names found.
 func (c *compilation) backendGPU() (gpu string, disagree []string) {
 	var names []string
+	last := "\x00"
 	for i := range c.backends {
-		if s := ShortGPU(c.backends[i].gpu); s != "" && !slices.Contains(names, s) {
+		label := c.backends[i].gpu
+		if label == last {
+			continue // one pool is mostly one GPU type: derive each label once
+		}
+		last = label
+		if s := ShortGPU(label); s != "" && !slices.Contains(names, s) {
 			names = append(names, s)
 		}
 	}
@@ -90,7 +95,15 @@ func (c *compilation) backendGPU() (gpu string, disagree []string) {
 	return "", names
 }
 
-var reGPUToken = regexp.MustCompile(`^[A-Za-z0-9]+$`)
+// gpuWord reports whether s is a non-empty word of letters and digits.
+func gpuWord(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return s != ""
+}
 
 // gpuVendorWords are dropped from the front of a product label.
 var gpuVendorWords = map[string]bool{"NVIDIA": true, "Tesla": true, "GeForce": true, "Quadro": true}
@@ -118,11 +131,11 @@ func ShortGPU(product string) string {
 	for i < len(words) && gpuVendorWords[words[i]] {
 		i++
 	}
-	if i >= len(words) || !reGPUToken.MatchString(words[i]) {
+	if i >= len(words) || !gpuWord(words[i]) {
 		return ""
 	}
 	name := words[i]
-	if gpuSeriesWords[strings.ToUpper(name)] && i+1 < len(words) && reGPUToken.MatchString(words[i+1]) {
+	if gpuSeriesWords[strings.ToUpper(name)] && i+1 < len(words) && gpuWord(words[i+1]) {
 		name += words[i+1]
 	}
 	return name
