@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 )
 
@@ -26,6 +29,8 @@ var reloadBin string
 
 func TestMain(m *testing.M) {
 	reloadtest.MaybeRunHUPCounter()
+	// envtest's client logs through controller-runtime; nothing to show.
+	ctrllog.SetLogger(logr.Discard())
 	dir, err := os.MkdirTemp("", "reloadbin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
