@@ -15,6 +15,8 @@ import (
 	crdvalidation "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/validation"
 	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
+	schemaobjectmeta "k8s.io/apiextensions-apiserver/pkg/apiserver/schema/objectmeta"
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning"
 	"k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -97,17 +99,41 @@ func (v *Validator) Validate(ctx context.Context, obj map[string]any) field.Erro
 	if u.GetKind() != v.kind {
 		errs = append(errs, field.Invalid(field.NewPath("kind"), u.GetKind(), "must be "+v.kind))
 	}
-	// The API server fills the request's namespace in; mirror it so a
-	// namespaced object without one is judged like a kubectl create.
-	if v.namespaced && u.GetNamespace() == "" {
-		u.SetNamespace("default")
+	// Metadata is decoded strictly into ObjectMeta, as the API server
+	// does: wrong types (a number label) and unknown fields are errors.
+	meta, _, unknownMeta, err := schemaobjectmeta.GetObjectMetaWithOptions(obj, schemaobjectmeta.ObjectMetaOptions{ReturnUnknownFieldPaths: true})
+	switch {
+	case err != nil:
+		errs = append(errs, field.Invalid(field.NewPath("metadata"), nil, err.Error()))
+	case meta == nil:
+		errs = append(errs, field.Required(field.NewPath("metadata"), ""))
+	default:
+		for _, p := range unknownMeta {
+			errs = append(errs, field.Invalid(field.NewPath(p), nil, "unknown field"))
+		}
+		// The API server fills the request's namespace in; mirror it so a
+		// namespaced object without one is judged like a kubectl create.
+		if v.namespaced && meta.Namespace == "" {
+			meta.Namespace = "default"
+		}
+		// The API server names an object from generateName before it
+		// validates (five random characters; any valid ones will do).
+		if meta.Name == "" && meta.GenerateName != "" {
+			meta.Name = meta.GenerateName + "x0x0x"
+			unstructured.SetNestedField(obj, meta.Name, "metadata", "name")
+		}
+		errs = append(errs, apivalidation.ValidateObjectMetaAccessor(meta, v.namespaced, apivalidation.NameIsDNSSubdomain, field.NewPath("metadata"))...)
 	}
-	errs = append(errs, apivalidation.ValidateObjectMetaAccessor(u, v.namespaced, apivalidation.NameIsDNSSubdomain, field.NewPath("metadata"))...)
 
+	// Then the same steps as the API server's decoder and create
+	// strategy: prune (unknown fields are errors under
+	// fieldValidation=Strict), drop nulls of non-nullable fields, validate
+	// the OpenAPI schema, run the CEL rules.
 	opts := structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true}
 	for _, p := range pruning.PruneWithOptions(obj, v.structural, true, opts) {
 		errs = append(errs, field.Invalid(field.NewPath(p), nil, "unknown field"))
 	}
+	defaulting.PruneNonNullableNullsWithoutDefaults(obj, v.structural)
 	errs = append(errs, validation.ValidateCustomResource(nil, obj, v.schema)...)
 	if v.cel != nil {
 		celErrs, _ := v.cel.Validate(ctx, nil, v.structural, obj, nil, celconfig.RuntimeCELCostBudget)

@@ -30,13 +30,27 @@ import (
 	"github.com/modelsphere/autoconfig/schema"
 )
 
-// knownGaps lists corpus documents ("file#doc") on which the CRD is known
-// to disagree with CUE, with the reason. A listed document that agrees
-// fails the test, so the list cannot go stale. Keep it empty.
-var knownGaps = map[string]string{}
+// knownGaps lists corpus documents ("file#doc") on which CUE and the
+// Kubernetes judges are known to disagree, with the reason. A listed
+// document on which they agree fails the test, so the list cannot go
+// stale. None of them is a CUE rule missing from the CRD: each is a
+// difference in how the document is read before any rule runs. The two
+// Kubernetes judges (in-process and API server) must always agree.
+var knownGaps = map[string]string{
+	"internal/crdgen/testdata/routes/valid/metadata-unknown-field.yaml#0":  "CUE's #ObjectMeta is open (...), the API server decodes metadata strictly; closing #ObjectMeta over the ObjectMeta fields in the schema would remove this gap",
+	"internal/crdgen/testdata/routes/invalid/cart-null.yaml#0":             "the API server drops null values of non-nullable fields before validation (null = unset, as in kubectl apply); CUE rejects null for a struct",
+	"internal/crdgen/testdata/routes/invalid/generate-name.yaml#0":         "the API server names the object from generateName; CUE requires metadata.name (nginx.route and monitor.model default to it)",
+	"internal/crdgen/testdata/routes/invalid/include-not-ready-yes.yaml#0": "YAML 1.1 (kubectl, sigs.k8s.io/yaml) reads yes as true, YAML 1.2 (CUE) as the string \"yes\"; the API server receives JSON true",
+	"internal/crdgen/testdata/routes/invalid/port-integral-float.yaml#0":   "sigs.k8s.io/yaml (kubectl) turns 8000.0 into the JSON integer 8000; CUE keeps a float, which int rejects",
+}
 
 // corpusDirs are the route files every judge must agree on.
-var corpusDirs = []string{"testdata/routes/valid", "testdata/routes/invalid", "deploy/samples"}
+var corpusDirs = []string{
+	"testdata/routes/valid", "testdata/routes/invalid", "deploy/samples",
+	// CRD-specific edges: bounds the generator adds, root-level rules,
+	// parser differences between CUE and kubectl.
+	"internal/crdgen/testdata/routes/valid", "internal/crdgen/testdata/routes/invalid",
+}
 
 // doc is one YAML document of the corpus.
 type doc struct {
@@ -196,7 +210,6 @@ func TestThreeJudges(t *testing.T) {
 	judgeStart := time.Now()
 	for _, d := range docs {
 		errs := make([]error, len(judges))
-		same := true
 		for i, j := range judges {
 			errs[i] = j.fn(d)
 			n := counts[j.name]
@@ -206,10 +219,8 @@ func TestThreeJudges(t *testing.T) {
 				n[1]++
 			}
 			counts[j.name] = n
-			if (errs[i] == nil) != (errs[0] == nil) {
-				same = false
-			}
 		}
+		cue, inproc, server := errs[0] == nil, errs[1] == nil, errs[2] == nil
 		var b strings.Builder
 		for i, j := range judges {
 			fmt.Fprintf(&b, "\n  %-14s %s", j.name, verdict(errs[i] == nil))
@@ -219,10 +230,13 @@ func TestThreeJudges(t *testing.T) {
 		}
 		reason, isGap := knownGaps[d.id]
 		switch {
-		case !same && isGap:
+		case inproc != server:
+			disagree++
+			t.Errorf("%s: in-process CRD validation and the API server disagree:%s", d.id, b.String())
+		case cue != server && isGap:
 			gaps++
 			t.Logf("%s: known gap (%s):%s", d.id, reason, b.String())
-		case !same:
+		case cue != server:
 			disagree++
 			t.Errorf("%s: judges disagree:%s", d.id, b.String())
 		case isGap:
