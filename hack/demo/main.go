@@ -34,6 +34,8 @@ type options struct {
 	Keep bool
 	// Timeout bounds each wait for convergence.
 	Timeout time.Duration
+	// Autoconfig is a prebuilt autoconfig binary (default: build one).
+	Autoconfig string
 }
 
 func (o *options) AddFlags(fs *flag.FlagSet) {
@@ -41,6 +43,7 @@ func (o *options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Nginx, "nginx", "auto", "run a real nginx data plane: auto (when /usr/sbin/nginx and the lua module are installed), on, off")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the temporary directory (logs, kubeconfig, rendered files)")
 	fs.DurationVar(&o.Timeout, "timeout", 90*time.Second, "bound of each wait for the controller to converge")
+	fs.StringVar(&o.Autoconfig, "autoconfig", "", "use this autoconfig binary instead of building ./cmd/autoconfig")
 }
 
 func (o *options) Validate() error {

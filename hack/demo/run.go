@@ -98,6 +98,8 @@ func run(ctx context.Context, out io.Writer, o options) (err error) {
 			fmt.Fprintf(out, "demo: stop control plane: %v\n", err)
 		}
 	}()
+	// Subprocesses hold watches on the API server: stop them before it.
+	defer d.stopProcs()
 	d.kube = filepath.Join(d.tmp, "kubeconfig")
 	if err := os.WriteFile(d.kube, env.KubeConfig, 0o600); err != nil {
 		return err
@@ -188,11 +190,15 @@ func (d *demo) startController(ctx context.Context, sockDir string) error {
 		"--metrics-bind-address", d.ctrlMetrics,
 		"--sock-dir", sockDir,
 	}
-	p, err := d.start("controller", filepath.Join(d.bin, "autoconfig"), args...)
+	bin := filepath.Join(d.bin, "autoconfig")
+	if d.o.Autoconfig != "" {
+		bin = d.o.Autoconfig
+	}
+	p, err := d.start("controller", bin, args...)
 	if err != nil {
 		return err
 	}
-	d.say("autoconfig %s", strings.Join(args, " "))
+	d.say("autoconfig %s", shellJoin(args))
 	d.say("logs: %s", p.logPath)
 	return d.waitFor(ctx, "controller /readyz", func() (bool, error) {
 		if p.exited() {
@@ -227,7 +233,7 @@ func (d *demo) startNginx(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.say("reload %s", strings.Join(args, " "))
+	d.say("reload %s", shellJoin(args))
 	d.say("logs: %s", p.logPath)
 	return nil
 }
@@ -317,4 +323,16 @@ func (d *demo) title(s string) { fmt.Fprintf(d.out, "\n=== %s\n", s) }
 func (d *demo) step(s string)  { fmt.Fprintf(d.out, "\n--> %s\n", s) }
 func (d *demo) say(format string, args ...any) {
 	fmt.Fprintf(d.out, "    "+format+"\n", args...)
+}
+
+// shellJoin quotes arguments with spaces, for display.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \t\"'") {
+			a = strconv.Quote(a)
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
 }
