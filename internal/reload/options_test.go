@@ -1,0 +1,67 @@
+package reload
+
+import (
+	"flag"
+	"io"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestSplitCommand(t *testing.T) {
+	for in, want := range map[string][]string{
+		"nginx -t -q -p /usr/local/openresty/nginx/ -c conf/nginx.conf": {"nginx", "-t", "-q", "-p", "/usr/local/openresty/nginx/", "-c", "conf/nginx.conf"},
+		`sh -c 'nginx -t && echo ok'`:                                   {"sh", "-c", "nginx -t && echo ok"},
+		`a "b c"d ''`:                                                   {"a", "b cd", ""},
+		"  spaced\targs  ":                                              {"spaced", "args"},
+	} {
+		got, err := SplitCommand(in)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("SplitCommand(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "   ", `a "b`, "a 'b"} {
+		if _, err := SplitCommand(bad); err == nil {
+			t.Errorf("SplitCommand(%q) accepted", bad)
+		}
+	}
+}
+
+func TestApplyEnv(t *testing.T) {
+	var o Options
+	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--process", "from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"PS_PROCESS":   "from-env", // the command line wins
+		"PS_WATCH":     "/a, /b",
+		"PS_SOCK_DIR":  "/sock",
+		"PS_CHECK_CMD": "nginx -t",
+		"PS_DEBOUNCE":  "100ms",
+		"PS_SIGNAL":    "SIGUSR1",
+	}
+	if err := ApplyEnv(fs, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if o.Process != "from-flag" || !slices.Equal(o.WatchDirs, []string{"/a", "/b"}) || o.SockDir != "/sock" ||
+		o.CheckCmd != "nginx -t" || o.Debounce != 100*time.Millisecond {
+		t.Fatalf("options %+v", o)
+	}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if sig, _ := ParseSignal(o.Signal); sig != syscall.SIGUSR1 {
+		t.Fatalf("signal %v", sig)
+	}
+	if err := ApplyEnv(fs, func(k string) (string, bool) { return "soon", k == "PS_VERIFY_TIMEOUT" }); err == nil || !strings.Contains(err.Error(), "PS_VERIFY_TIMEOUT") {
+		t.Fatalf("a bad env value: %v", err)
+	}
+	if EnvName("check-cmd") != "PS_CHECK_CMD" {
+		t.Fatal(EnvName("check-cmd"))
+	}
+}
