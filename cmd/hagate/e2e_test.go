@@ -328,3 +328,22 @@ func waitTicks(t testing.TB, r *replica, n int) {
 }
 
 const tickMarker = `msg="pass done"`
+
+func TestRestartedLeaderKeepsLabel(t *testing.T) {
+	c, rs := startPair(t)
+	leader := c.theActive()
+	// The container crashes and kubelet restarts it at once, well inside
+	// the Lease: same identity, so it simply renews, and the Service must
+	// not lose its endpoint in between.
+	rs[leader].kill()
+	rs[leader].start()
+	waitTicks(t, rs[leader], 5)
+	c.w.waitFor(t, settle, "restarted leader active", onlyActive(leader))
+	seen := false
+	for _, e := range c.w.labelEvents(leader) {
+		seen = seen || e.State.Labeled
+		if seen && !e.State.Labeled {
+			t.Fatalf("restarted leader %s lost its label: %+v", leader, e)
+		}
+	}
+}

@@ -258,6 +258,12 @@ func (g *Gate) reconcile(ctx context.Context, healthy bool, why string) error {
 			}
 			have = true
 		}
+	case have && g.electionUndecided():
+		// Just (re)started with the label on: our first attempt at the
+		// Lease is in flight. If we still hold it (a restarted leader
+		// keeps its identity) removing the label now would only flap the
+		// Service; if someone else holds it, the answer comes within a
+		// round trip and that leader clears our label anyway.
 	case have:
 		if err := g.patchLabel(ctx, pod, false); err != nil {
 			g.setActive(true)
@@ -466,10 +472,17 @@ func b2f(b bool) float64 {
 // unhealthy stops its run (releasing the Lease) and starts a new one when
 // healthy again.
 type election struct {
-	le     *leaderelection.LeaderElector
-	lock   *trackingLock
-	cancel context.CancelFunc
-	done   chan struct{}
+	le      *leaderelection.LeaderElector
+	lock    *trackingLock
+	started time.Time
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// electionUndecided is true while a just-started election has not heard
+// back from the apiserver yet, for at most RenewDeadline.
+func (g *Gate) electionUndecided() bool {
+	return g.el != nil && !g.el.lock.hasAnswered() && g.cfg.Clock.Since(g.el.started) < g.cfg.RenewDeadline
 }
 
 func (g *Gate) startElection() {
@@ -502,7 +515,7 @@ func (g *Gate) startElection() {
 	// The elector's context is not derived from Run's: on shutdown the
 	// label loop stops first and only then is the Lease released.
 	ctx, cancel := context.WithCancel(context.Background())
-	el := &election{le: le, lock: lock, cancel: cancel, done: make(chan struct{})}
+	el := &election{le: le, lock: lock, started: g.cfg.Clock.Now(), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(el.done)
 		le.Run(ctx)
@@ -553,8 +566,23 @@ type trackingLock struct {
 	resourcelock.Interface
 	clock clock.PassiveClock
 
-	mu sync.Mutex
-	at time.Time
+	mu       sync.Mutex
+	at       time.Time
+	answered bool // a Get, Create or Update has returned
+}
+
+func (l *trackingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	rec, raw, err := l.Interface.Get(ctx)
+	l.mu.Lock()
+	l.answered = true
+	l.mu.Unlock()
+	return rec, raw, err
+}
+
+func (l *trackingLock) hasAnswered() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.answered
 }
 
 var _ resourcelock.Interface = (*trackingLock)(nil)
@@ -576,6 +604,7 @@ func (l *trackingLock) Update(ctx context.Context, rec resourcelock.LeaderElecti
 func (l *trackingLock) note(start time.Time, rec resourcelock.LeaderElectionRecord, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answered = true
 	switch {
 	case rec.HolderIdentity != l.Identity():
 		// A release (empty holder) ends our tenure whatever the outcome.
