@@ -60,6 +60,7 @@ type doc struct {
 	cueErr   error
 	obj      map[string]any // nil when it does not decode to an object
 	parseErr error
+	wants    []string // "# want: <path>: <message>" lines of the file
 }
 
 func moduleRoot(t testing.TB) string {
@@ -103,14 +104,32 @@ func loadCorpus(t *testing.T) []doc {
 				t.Errorf("%s: CUE sees %d documents, the YAML splitter %d", rel, len(cueDocs), len(kdocs))
 				continue
 			}
+			wants := wantLines(src)
 			for i := range cueDocs {
-				d := doc{id: fmt.Sprintf("%s#%d", rel, i), file: rel, cueErr: cueDocs[i].Err}
+				d := doc{id: fmt.Sprintf("%s#%d", rel, i), file: rel, cueErr: cueDocs[i].Err, wants: wants}
 				d.obj, d.parseErr = decode(kdocs[i])
 				docs = append(docs, d)
 			}
 		}
 	}
 	return docs
+}
+
+// wantLines returns the messages of the file's "# want: path: message"
+// comments, without the path (each judge names the field its own way).
+func wantLines(src []byte) []string {
+	var out []string
+	for _, line := range strings.Split(string(src), "\n") {
+		w, ok := strings.CutPrefix(line, "# want: ")
+		if !ok {
+			continue
+		}
+		if path, msg, ok := strings.Cut(w, ": "); ok && !strings.Contains(path, " ") {
+			w = msg
+		}
+		out = append(out, strings.TrimSpace(w))
+	}
+	return out
 }
 
 // splitYAML splits a stream into its non-empty documents.
@@ -206,6 +225,11 @@ func TestThreeJudges(t *testing.T) {
 	}
 
 	counts := map[string][2]int{} // judge → accepted, rejected
+	// How often the API server's rejection carries CUE's wording: CEL
+	// rules do, OpenAPI checks (types, bounds, required) use the API
+	// server's own words. Reported, not asserted.
+	var worded, wordable int
+	var unworded []string
 	var disagree, gaps int
 	judgeStart := time.Now()
 	for _, d := range docs {
@@ -246,6 +270,14 @@ func TestThreeJudges(t *testing.T) {
 				t.Logf("%s:%s", d.id, b.String())
 			}
 		}
+		if errs[2] != nil && len(d.wants) > 0 {
+			wordable++
+			if strings.Contains(errs[2].Error(), d.wants[0]) {
+				worded++
+			} else {
+				unworded = append(unworded, d.id)
+			}
+		}
 		// The corpus folders say what CUE must decide.
 		if strings.Contains(d.file, "/invalid/") && errs[0] == nil {
 			t.Errorf("%s: in an invalid/ folder but CUE accepts it", d.id)
@@ -257,6 +289,10 @@ func TestThreeJudges(t *testing.T) {
 	t.Logf("%d documents, %d disagreements, %d known gaps, judged in %v", len(docs), disagree, gaps, time.Since(judgeStart).Round(time.Millisecond))
 	for _, j := range judges {
 		t.Logf("  %-14s accepted %d, rejected %d", j.name, counts[j.name][0], counts[j.name][1])
+	}
+	t.Logf("API server rejections in CUE's words: %d of %d with a # want line", worded, wordable)
+	if testing.Verbose() {
+		t.Logf("in the API server's own words: %s", strings.Join(unworded, " "))
 	}
 }
 

@@ -170,7 +170,11 @@ func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
 	for i, k := range keys {
 		quoted[i] = celString(k)
 	}
-	out = append(out, rule(fmt.Sprintf(`!%s || !has(self.nginx.values) || size(self.nginx.values) == [%s].filter(k, k in self.nginx.values).size()`,
-		isVideo, strings.Join(quoted, ", ")), *closing, ".nginx.values"))
+	r := rule(fmt.Sprintf(`!%s || !has(self.nginx.values) || size(self.nginx.values) == [%s].filter(k, k in self.nginx.values).size()`,
+		isVideo, strings.Join(quoted, ", ")), *closing, ".nginx.values")
+	// No messageExpression naming the key: iterating the map's keys in it
+	// is over the CEL cost budget (1.4x with a list, 1.8x with a map
+	// literal), so the message says "a key".
+	out = append(out, r)
 	return out, nil
 }

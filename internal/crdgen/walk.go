@@ -427,6 +427,35 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 	if len(s.messages) > 0 {
 		f.Message = s.messages[0]
 		p.Description = "Rule: " + s.messages[0] + "."
+		// The API server words a failed pattern, bound or enum as "should
+		// match '<regex>'", "should be greater than or equal to 1", …; the
+		// same check as a CEL rule says CUE's plain words, so kubectl and
+		// autoconfig vet read alike. A regex over an unbounded string (a
+		// label selector) is over the CEL cost budget and stays a pattern.
+		var conds []string
+		if p.Pattern != "" && p.MaxLength != nil {
+			conds = append(conds, fmt.Sprintf("self.matches(%s)", celString(p.Pattern)))
+			p.Pattern = ""
+		}
+		if p.Minimum != nil {
+			conds = append(conds, fmt.Sprintf("self >= %d", *s.min))
+			p.Minimum = nil
+		}
+		if p.Maximum != nil {
+			conds = append(conds, fmt.Sprintf("self <= %d", *s.max))
+			p.Maximum = nil
+		}
+		if len(p.Enum) > 0 {
+			vals := make([]string, len(p.Enum))
+			for i, e := range p.Enum {
+				vals[i] = string(e.Raw)
+			}
+			conds = append(conds, fmt.Sprintf("self in [%s]", strings.Join(vals, ", ")))
+			p.Enum = nil
+		}
+		if len(conds) > 0 {
+			p.XValidations = append(p.XValidations, apiextv1.ValidationRule{Rule: strings.Join(conds, " && "), Message: s.messages[0]})
+		}
 	}
 	if d, ok := v.Default(); ok && d.IsConcrete() {
 		var x any
