@@ -12,6 +12,8 @@
 // CUE defaults when it reads a route; the descriptions name them.
 package crdgen
 
+//go:generate sh -c "cd ../.. && go run ./cmd/autoconfig crd > deploy/crds/routing.modelsphere.dev_modelroutes.yaml.tmp && mv deploy/crds/routing.modelsphere.dev_modelroutes.yaml.tmp deploy/crds/routing.modelsphere.dev_modelroutes.yaml"
+
 import (
 	"bytes"
 	"fmt"
