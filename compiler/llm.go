@@ -110,6 +110,7 @@ func (c *compilation) llmOptions() [][2]string {
 			out = append(out, [2]string{"slo_decode_tps", strconv.Itoa(int(s.DecodeTokensPerSecond))})
 		}
 	}
+	out = c.failureModeOptions(out)
 	slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
 	return out
 }

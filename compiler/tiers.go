@@ -60,7 +60,9 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 		case v1alpha1.UseBackend:
 			t.peers = c.backends
 		case v1alpha1.UseBackendSvc:
-			if spec.Discovery.Service == "" {
+			// A FailOpen route in selector mode gets the controller-owned
+			// fallback Service's VIP (docs/failure-modes.md).
+			if spec.Discovery.Service == "" && !(c.failOpen() && c.backendSvc != nil) {
 				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: discovery uses a selector, so there is no backend Service VIP for the static last-resort tier", i)
 				continue
 			}
@@ -83,6 +85,7 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 		}
 		out = append(out, t)
 	}
+	out = c.applyFailureMode(out, llm, defaultMax)
 	if len(out) == 0 {
 		return nil, ErrNoPeers
 	}
