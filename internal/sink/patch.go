@@ -3,16 +3,69 @@ package sink
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 )
 
-const typesMergePatch = types.MergePatchType
+// op is one RFC 6902 JSON patch operation.
+type op struct {
+	Op    string  `json:"op"`
+	Path  string  `json:"path"`
+	Value *string `json:"value,omitempty"`
+}
+
+// keyPatch builds a JSON patch that changes only the given data keys, each
+// guarded by a test of the value it was rendered from: a per-key
+// compare-and-swap. Routes sharing a ConfigMap never conflict with each
+// other (their keys differ), while a concurrent change of the same key
+// (the CART chart rewriting config.yaml's base) fails the test and is
+// re-rendered from the fresh content. changed maps key → new value (nil =
+// remove); current is the data the values were rendered from.
+//
+// A key that was absent is added without a test: JSON patch cannot test
+// absence, and only one route owns a key. When the ConfigMap has no data at
+// all, ok is false: the caller falls back to a resourceVersion-guarded merge
+// patch (creating /data must not race another writer creating it).
+func keyPatch(current map[string]string, changed map[string]*string) (patch []byte, ok bool, err error) {
+	if current == nil {
+		return nil, false, nil
+	}
+	keys := make([]string, 0, len(changed))
+	for k := range changed {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var ops []op
+	for _, k := range keys {
+		path := "/data/" + escape(k)
+		cur, had := current[k]
+		if had {
+			ops = append(ops, op{Op: "test", Path: path, Value: &cur})
+		}
+		switch v := changed[k]; {
+		case v == nil && had:
+			ops = append(ops, op{Op: "remove", Path: path})
+		case v != nil:
+			ops = append(ops, op{Op: "add", Path: path, Value: v}) // add replaces a member
+		}
+	}
+	b, err := json.Marshal(ops)
+	if err != nil {
+		return nil, false, fmt.Errorf("encode patch: %w", err)
+	}
+	return b, true, nil
+}
+
+// escape encodes a JSON pointer token (RFC 6901).
+func escape(s string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
+}
 
 // mergePatch builds a JSON merge patch that sets (non-nil) or removes (nil)
-// data keys and carries resourceVersion as a precondition: the API server
-// answers 409 Conflict when the ConfigMap changed since it was read. Only
-// the changed keys travel, so other routes' keys are never rewritten.
+// data keys with resourceVersion as a precondition (409 Conflict when the
+// ConfigMap changed since it was read).
 func mergePatch(resourceVersion string, data map[string]*string) ([]byte, error) {
 	p := struct {
 		Metadata struct {
@@ -27,3 +80,8 @@ func mergePatch(resourceVersion string, data map[string]*string) ([]byte, error)
 	}
 	return b, nil
 }
+
+var (
+	jsonPatch      = types.JSONPatchType
+	mergePatchType = types.MergePatchType
+)

@@ -3,12 +3,13 @@
 //
 // Rules (SPEC "Rules of writing"): a ConfigMap is never created; only the
 // route's own keys are touched; many routes share one ConfigMap without
-// clobbering each other; a no-op writes nothing. Writes are JSON merge
-// patches of the changed keys only, guarded by the resourceVersion the
-// content was rendered from (optimistic concurrency): a conflict re-reads
-// the ConfigMap from the API server, re-renders and retries, so an output
-// whose rendering depends on the current content (CART config.yaml keeps
-// the CART chart's base config) never overwrites a newer base.
+// clobbering each other; a no-op writes nothing (rendered bytes are compared
+// with the current ones first). Writes are JSON patches of the changed keys
+// only, each guarded by a test of the value it was rendered from (per-key
+// compare-and-swap): routes sharing a ConfigMap never conflict with each
+// other, and an output rendered from the current content (the CART
+// config.yaml keeps the CART chart's base config) is re-rendered after a
+// concurrent change instead of overwriting it.
 package sink
 
 import (
@@ -16,9 +17,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,10 +34,10 @@ import (
 // A route may always write ConfigMaps in its own namespace.
 const AllowedNamespacesAnnotation = "routing.modelsphere.dev/allowed-route-namespaces"
 
-// maxAttempts bounds the conflict retries of one ConfigMap write. Writers in
-// this process are serialized per ConfigMap, so conflicts only come from
-// other writers (the CART chart, kubectl) or a stale cache; a handful of
-// attempts is plenty and a persistent conflict is retried by the workqueue.
+// maxAttempts bounds the retries of one ConfigMap write. Routes sharing a
+// ConfigMap do not conflict (per-key patches), so a retry means our cached
+// read of our own key was stale or someone else (the CART chart, kubectl)
+// changed it; a persistent failure goes back to the workqueue.
 const maxAttempts = 8
 
 // State is what happened to one ConfigMap.
@@ -80,26 +82,6 @@ func (o Outcome) String() string {
 type Writer struct {
 	Client    client.Client
 	APIReader client.Reader
-
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
-}
-
-// lock serializes this process's writers of one ConfigMap: concurrent
-// reconciles of routes sharing it would otherwise mostly conflict.
-func (w *Writer) lock(cm string) func() {
-	w.mu.Lock()
-	if w.locks == nil {
-		w.locks = map[string]*sync.Mutex{}
-	}
-	l, ok := w.locks[cm]
-	if !ok {
-		l = &sync.Mutex{}
-		w.locks[cm] = l
-	}
-	w.mu.Unlock()
-	l.Lock()
-	return l.Unlock
 }
 
 // Permitted says whether a route in routeNS may write cm.
@@ -196,16 +178,16 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 }
 
 // update reads cm, asks change for the keys to set (non-nil) or delete
-// (nil), and patches them with an optimistic lock, retrying conflicts on a
-// fresh read. The second result is a render error (state RenderFailed).
+// (nil), and patches exactly those keys with a per-key compare-and-swap
+// (keyPatch), re-reading from the API server and re-rendering when a key
+// changed underneath. The second result is a render error (RenderFailed).
 func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(map[string]string) (map[string]*string, error)) (State, error, error) {
 	ns, name, ok := strings.Cut(ref, "/")
 	if !ok {
 		return "", nil, fmt.Errorf("configmap reference %q is not ns/name", ref)
 	}
-	defer w.lock(ref)()
 	var reader client.Reader = w.Client
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		var cm corev1.ConfigMap
 		if err := reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -223,20 +205,43 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(ma
 		if len(changed) == 0 {
 			return Unchanged, nil, nil
 		}
-		patch, err := mergePatch(cm.ResourceVersion, changed)
+		var p client.Patch
+		b, ok, err := keyPatch(cm.Data, changed)
+		if err == nil && !ok {
+			b, err = mergePatch(cm.ResourceVersion, changed)
+			p = client.RawPatch(mergePatchType, b)
+		} else {
+			p = client.RawPatch(jsonPatch, b)
+		}
 		if err != nil {
 			return "", nil, err
 		}
-		err = w.Client.Patch(ctx, &cm, client.RawPatch(typesMergePatch, patch))
+		err = w.Client.Patch(ctx, &cm, p)
 		switch {
 		case err == nil:
 			return Written, nil, nil
 		case apierrors.IsNotFound(err):
 			return Missing, nil, nil
-		case apierrors.IsConflict(err) && attempt+1 < maxAttempts && w.APIReader != nil:
-			reader = w.APIReader // the cache was behind: read the truth
+		// A failed JSON patch test is 422 Invalid, a stale resourceVersion
+		// 409 Conflict: our read was behind; read the truth and redo.
+		case (apierrors.IsConflict(err) || apierrors.IsInvalid(err)) && attempt < maxAttempts && w.APIReader != nil:
+			reader = w.APIReader
+			if attempt > 1 {
+				backoff(ctx, attempt)
+			}
 		default:
 			return "", nil, fmt.Errorf("patch configmap %s: %w", ref, err)
 		}
+	}
+}
+
+// backoff waits a little, jittered, before another attempt on a busy key.
+func backoff(ctx context.Context, attempt int) {
+	d := time.Duration(attempt*attempt) * time.Millisecond * time.Duration(5+rand.IntN(10))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
