@@ -115,3 +115,17 @@ func TestFingerprintIgnoresHiddenEntries(t *testing.T) {
 		t.Fatal("a content change kept the fingerprint")
 	}
 }
+
+func TestSwapInProgress(t *testing.T) {
+	dir := t.TempDir()
+	if swapInProgress([]string{dir}) {
+		t.Fatal("empty directory reported as mid-swap")
+	}
+	// Between kubelet's symlink and rename steps "..data_tmp" exists.
+	if err := os.Symlink("..2026_01_01_00_00_00.1", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if !swapInProgress([]string{t.TempDir(), dir}) {
+		t.Fatal("..data_tmp not seen as a swap in progress")
+	}
+}

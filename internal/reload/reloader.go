@@ -228,7 +228,7 @@ func (r *Reloader) reloadFor(ctx context.Context, fp string) Outcome {
 	case ResultCheckFailed:
 		log.Error("configuration check failed; not signalling, the old configuration keeps serving", "err", o.Err)
 	default:
-		log.Error("not signalling; will retry on the next change", "err", o.Err)
+		log.Error("not reloaded; will retry on the next change", "err", o.Err)
 	}
 	if r.OnReload != nil {
 		r.OnReload(o)

@@ -38,7 +38,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 	m := NewMetrics(reg)
 
 	dirs := append([]string(nil), o.WatchDirs...)
-	var sync *ConfigMapSync
+	var cmSync *ConfigMapSync
 	if o.ConfigMap != "" {
 		ns, name, err := SplitNamespacedName(o.ConfigMap)
 		if err != nil {
@@ -55,7 +55,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
 			return fmt.Errorf("--write-dir: %w", err)
 		}
-		sync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Dir: o.WriteDir, Log: log, Metrics: m, Synced: make(chan struct{})}
+		cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Dir: o.WriteDir, Log: log, Metrics: m, Synced: make(chan struct{})}
 		dirs = append(dirs, o.WriteDir)
 	}
 	for _, d := range dirs {
@@ -82,9 +82,9 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 			ready := watching.Load()
-			if sync != nil {
+			if cmSync != nil {
 				select {
-				case <-sync.Synced:
+				case <-cmSync.Synced:
 				default:
 					ready = false
 				}
@@ -120,14 +120,14 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		}
 		return err
 	})
-	if sync != nil {
+	if cmSync != nil {
 		g.Go(func() error {
 			select {
 			case <-ready:
 			case <-ctx.Done():
 				return nil
 			}
-			return sync.Run(ctx)
+			return cmSync.Run(ctx)
 		})
 	}
 	g.Go(func() error {
