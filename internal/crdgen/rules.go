@@ -158,7 +158,6 @@ func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
 			isVideo, celString(key), celString(s.patterns[0])), s.messages[0], ".nginx.values"))
 	}
 	sort.Strings(keys)
-	w.videoKeys = keys
 	if closing == nil {
 		return nil, fmt.Errorf("#VideoValues is not closed by a [K=!~…]: error(…) key rule")
 	}

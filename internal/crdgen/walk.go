@@ -22,7 +22,7 @@ import (
 // backend | backend-svc"), which is a cross-field rule, not a field type.
 type walker struct {
 	root cue.Value
-	// notRequired lists regular fields (path as in Field.Path) that CUE
+	// notRequired lists regular fields (dotted path, [] for list items) that CUE
 	// fills through a conditional default the walker cannot see as
 	// Default(), so they must not be required in the CRD.
 	notRequired map[string]bool
@@ -30,24 +30,6 @@ type walker struct {
 	// a rule then rejects (an absent [...] list is [], and "needs at least
 	// one" fires), so absent must be rejected in the CRD too.
 	required map[string]bool
-	// fields records every leaf walked, for the schema-equality test.
-	fields []Field
-	// videoKeys are the nginx.values keys a video route accepts.
-	videoKeys []string
-}
-
-// Field is what the walker read from CUE for one leaf field; the tests
-// compare it with the generated OpenAPI schema.
-type Field struct {
-	Path     string // e.g. spec.nginx.peers[].use
-	Type     string // OpenAPI type
-	Required bool
-	Default  any // CUE default; nil when none
-	Enum     []any
-	Patterns []string
-	Min, Max *int64
-	MaxLen   *int64
-	Message  string // the error() text of the field, if any
 }
 
 // scalar accumulates the constraints of one leaf.
@@ -251,11 +233,6 @@ func (w *walker) object(v cue.Value, path string) (apiextv1.JSONSchemaProps, err
 		t := true
 		props.XPreserveUnknownFields = &t
 	}
-	for i, f := range w.fields {
-		if strings.HasPrefix(f.Path, path+".") && !strings.Contains(f.Path[len(path)+1:], ".") {
-			w.fields[i].Required = contains(props.Required, f.Path[len(path)+1:])
-		}
-	}
 	return props, nil
 }
 
@@ -391,20 +368,17 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 	default:
 		return p, fmt.Errorf("%s: unsupported kind %v", path, k)
 	}
-	f := Field{Path: path, Type: p.Type, Min: s.min, Max: s.max, MaxLen: s.maxLen}
 	for _, e := range s.enum {
 		raw, err := jsonValue(e)
 		if err != nil {
 			return p, fmt.Errorf("%s: %w", path, err)
 		}
 		p.Enum = append(p.Enum, raw)
-		f.Enum = append(f.Enum, e)
 	}
 	switch len(s.patterns) {
 	case 0:
 	case 1:
 		p.Pattern = s.patterns[0]
-		f.Patterns = s.patterns
 	default:
 		return p, fmt.Errorf("%s: %d patterns on one field", path, len(s.patterns))
 	}
@@ -425,7 +399,6 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 		}
 	}
 	if len(s.messages) > 0 {
-		f.Message = s.messages[0]
 		p.Description = "Rule: " + s.messages[0] + "."
 		// The API server words a failed pattern, bound or enum as "should
 		// match '<regex>'", "should be greater than or equal to 1", …; the
@@ -460,11 +433,9 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 	if d, ok := v.Default(); ok && d.IsConcrete() {
 		var x any
 		if err := d.Decode(&x); err == nil {
-			f.Default = x
 			p.Description = strings.TrimSpace(fmt.Sprintf("%s Default: %v (applied by the controller from the CUE schema).", p.Description, x))
 		}
 	}
-	w.fields = append(w.fields, f)
 	return p, nil
 }
 
@@ -492,15 +463,6 @@ func join(path, name string) string {
 		return name
 	}
 	return path + "." + name
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // celString quotes s as a CEL string literal.
