@@ -76,7 +76,7 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(tmp)
 
 	hagateBin = filepath.Join(tmp, "hagate")
-	build := exec.Command("go", "build", "-o", hagateBin, ".")
+	build := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", hagateBin, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building hagate:", err)
@@ -174,6 +174,9 @@ func newCluster(t testing.TB) *cluster {
 		c.mu.Unlock()
 		for _, r := range rs {
 			r.kill()
+			if strings.Contains(r.logs(), "WARNING: DATA RACE") {
+				t.Errorf("hagate for %s reported a data race", r.pod)
+			}
 		}
 		if t.Failed() {
 			for _, r := range rs {
