@@ -1,0 +1,166 @@
+package charttest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/schema"
+)
+
+// TestReconcileAsServiceAccount runs the real reconciler with leader
+// election, authenticated as the chart's ServiceAccount (impersonation),
+// scoped to watchNamespaces: if the chart's RBAC lacked a verb the
+// controller needs (list a cached kind, patch status, update the
+// finalizer, patch the ConfigMap, the Lease), the route would never become
+// Ready with its output written.
+func TestReconcileAsServiceAccount(t *testing.T) {
+	const (
+		release  = "rbac"
+		ns       = "ac-rbac"
+		routes   = "routes-rbac"
+		backends = "backends-rbac"
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rel := render(t, release, ns, map[string]any{"watchNamespaces": []any{routes, backends}})
+	for _, n := range []string{ns, routes, backends} {
+		if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, o := range rel.Objects {
+		if err := k8s.Create(ctx, o.DeepCopy()); err != nil {
+			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+
+	// What the consumers' charts and the model's Deployment would create.
+	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-conf"}}))
+	must(t, k8s.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "wan"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
+	}))
+	ready, port, name := true, int32(8000), "http"
+	must(t, k8s.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: backends, Name: "wan-1", Labels: map[string]string{discoveryv1.LabelServiceName: "wan"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.7"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
+	}))
+
+	sch := k8sruntime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(sch))
+	must(t, v1alpha1.AddToScheme(sch))
+	admin, err := client.New(testCfg, client.Options{Scheme: sch})
+	must(t, err)
+	cfg := rest.CopyConfig(testCfg)
+	sa := release + "-autoconfig"
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + ns + ":" + sa,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  sch,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		Cache:                   controller.CacheOptions([]string{routes, backends}),
+		LeaderElection:          true,
+		LeaderElectionID:        "autoconfig-rbac-test",
+		LeaderElectionNamespace: ns,
+	})
+	must(t, err)
+	v, err := schema.Default()
+	must(t, err)
+	r := &controller.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Validator: v, Recorder: mgr.GetEventRecorder(controller.Name)}
+	mctx, stop := context.WithCancel(ctx)
+	must(t, r.SetupWithManager(mctx, mgr, 2))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+
+	route := &v1alpha1.ModelRoute{}
+	must(t, yaml.Unmarshal([]byte(`
+apiVersion: routing.modelsphere.dev/v1alpha1
+kind: ModelRoute
+metadata: {name: wan, namespace: `+routes+`}
+spec:
+  modelType: video
+  discovery: {service: `+backends+`/wan}
+  nginx:
+    outputConfigMap: openresty-conf
+    peers:
+    - {use: backend, priority: 2}
+    - {use: backend-svc, priority: 1}
+`), route))
+	must(t, admin.Create(ctx, route))
+
+	var last string
+	for {
+		got := &v1alpha1.ModelRoute{}
+		must(t, admin.Get(ctx, client.ObjectKeyFromObject(route), got))
+		cm := &corev1.ConfigMap{}
+		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: routes, Name: "openresty-conf"}, cm))
+		c := meta.FindStatusCondition(got.Status.Conditions, "Ready")
+		if c != nil {
+			last = c.Reason + ": " + c.Message
+			if strings.Contains(c.Message, "forbidden") {
+				t.Fatalf("the chart's RBAC is too narrow for the controller: %s", last)
+			}
+		}
+		if c != nil && c.Status == metav1.ConditionTrue && strings.Contains(cm.Data["session_route_wan.conf"], "server 10.1.0.7:8000 ") {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("manager stopped (RBAC too narrow for the cache or the Lease?): %v", err)
+		case <-ctx.Done():
+			t.Fatalf("route not Ready with its output written as %s; last Ready condition: %s", sa, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+
+	// Deleting the route runs the finalizer as the ServiceAccount too.
+	must(t, admin.Delete(ctx, route))
+	for {
+		err := admin.Get(ctx, client.ObjectKeyFromObject(route), &v1alpha1.ModelRoute{})
+		cm := &corev1.ConfigMap{}
+		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: routes, Name: "openresty-conf"}, cm))
+		if client.IgnoreNotFound(err) == nil && err != nil && len(cm.Data) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("route not removed with its key as %s (get: %v, keys %d)", sa, err, len(cm.Data))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
