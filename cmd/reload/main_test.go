@@ -37,7 +37,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	reloadBin = filepath.Join(dir, "reload")
-	if out, err := exec.Command("go", "build", "-o", reloadBin, ".").CombinedOutput(); err != nil {
+	args := []string{"build", "-o", reloadBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build reload: %v\n%s", err, out)
 		os.Exit(1)
 	}
