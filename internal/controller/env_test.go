@@ -43,5 +43,9 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	if bench != nil {
+		bench.h.stop()
+	}
+	return code
 }
