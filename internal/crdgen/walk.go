@@ -13,18 +13,21 @@ import (
 )
 
 // walker turns compiled CUE definitions into OpenAPI v3 schemas. It reads
-// each field's constraint tree with cue.Value.Expr: `=~` becomes pattern,
-// `>=`/`<=` minimum/maximum, strings.MaxRunes maxLength, a disjunction of
-// concrete values an enum; an error() disjunct contributes its message to
-// the description. Struct fields that reference a definition are walked
+// each field's constraint tree with cue.Value.Expr: `=~` is a pattern,
+// `>=`/`<=` bounds, strings.MaxRunes maxLength, a disjunction of concrete
+// values an enum, `[string]: T` a map, `[K=!~re]: error(…)` a key rule. A
+// field's error() message goes into its description and, where the check
+// can be a cheap CEL rule (bounded patterns, bounds, enums), becomes that
+// rule's message, so the API server words it as CUE does. Struct fields
+// that reference a definition are walked
 // from the clean definition, not from the evaluated parent: an evaluated
 // #Spec already carries the default-triggered llm branch (e.g. "use:
 // backend | backend-svc"), which is a cross-field rule, not a field type.
 type walker struct {
 	root cue.Value
-	// notRequired lists regular fields (dotted path, [] for list items) that CUE
-	// fills through a conditional default the walker cannot see as
-	// Default(), so they must not be required in the CRD.
+	// notRequired lists regular fields (dotted path, [] for list items)
+	// that CUE fills through a conditional default the walker cannot see
+	// as Default(), so they must not be required in the CRD.
 	notRequired map[string]bool
 	// required lists regular fields CUE gives an implicit default that
 	// a rule then rejects (an absent [...] list is [], and "needs at least
