@@ -37,6 +37,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
 const (
@@ -83,7 +85,9 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 
-	assets, err := envtestAssets()
+	// The shared helper resolves the binaries (failing, never skipping,
+	// when they are missing); hagate needs no CRDs, so none are installed.
+	assets, err := testenv.AssetsDir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -115,33 +119,6 @@ func testMain(m *testing.M) int {
 	}
 	testEnvStarted = true
 	return m.Run()
-}
-
-// envtestAssets finds kube-apiserver and etcd; missing binaries are an
-// error, never a skip (CI builds them with hack/envtest.sh).
-func envtestAssets() (string, error) {
-	dir := os.Getenv("KUBEBUILDER_ASSETS")
-	if dir == "" {
-		root, err := moduleRoot()
-		if err != nil {
-			return "", err
-		}
-		dir = filepath.Join(root, ".cache", "envtest", "v1.37.2")
-	}
-	for _, b := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			return "", fmt.Errorf("envtest binary %s missing in %s: run `bash hack/envtest.sh` and set KUBEBUILDER_ASSETS to the directory it prints: %w", b, dir, err)
-		}
-	}
-	return dir, nil
-}
-
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
 // ---- cluster: one namespace per test ----
@@ -195,7 +172,7 @@ var rbacDocRE = regexp.MustCompile("(?s)<!-- rbac:begin -->\\s*```yaml\\n(.*?)``
 // to the test's hagate user.
 func applyDocsRBAC(t testing.TB, ns string) {
 	t.Helper()
-	root, err := moduleRoot()
+	root, err := testenv.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

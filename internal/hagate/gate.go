@@ -360,12 +360,12 @@ func (g *Gate) patchLabel(ctx context.Context, pod *corev1.Pod, add bool) error 
 		return fmt.Errorf("patch pod %s: %w", pod.Name, err)
 	}
 	if pod.Name == g.cfg.PodName {
-		action := "remove"
+		action, msg := "remove", "active label removed"
 		if add {
-			action = "add"
+			action, msg = "add", "active label added"
 		}
 		g.cfg.Metrics.fixes.WithLabelValues(action).Inc()
-		g.cfg.Logger.Info("label "+action+"ed", "label", g.cfg.LabelKey, "pod", pod.Name)
+		g.cfg.Logger.Info(msg, "label", g.cfg.LabelKey, "pod", pod.Name)
 	}
 	return nil
 }
