@@ -29,6 +29,10 @@ const (
 	OptEjectionSeconds = "ejection_seconds"
 )
 
+// failOpenConnectTimeout is the llm route's proxy_connect_timeout under
+// FailOpen (video routes have their own connect_timeout value).
+const failOpenConnectTimeout = "10s"
+
 // failOpenOptions are the FailOpen defaults; spec.nginx.values override
 // them key by key (tuning without a code change), except failure_mode,
 // which always follows spec.failureMode.

@@ -87,7 +87,13 @@ func (c *compilation) renderLLM() ([]byte, error) {
         proxy_buffering off;
         proxy_read_timeout 3600s;
         proxy_send_timeout 3600s;
-        log_by_lua_block {
+`...)
+	if c.failOpen() {
+		// nginx's default is 60s: a blackholed peer would hold a request
+		// that long before the engine's retry moves on.
+		b = append(b, "        proxy_connect_timeout "+failOpenConnectTimeout+";\n"...)
+	}
+	b = append(b, `        log_by_lua_block {
             require("`+LuaModule+`").log(`...)
 	b = append(b, route...)
 	b = append(b, ")\n        }\n    }\n}\n"...)

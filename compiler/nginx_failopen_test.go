@@ -25,7 +25,7 @@ import (
 // hammerRequests is the size of every burst (the seed design's 150).
 const hammerRequests = 150
 
-// hammer sends n GET requests from 3 concurrent clients and returns the
+// hammer sends n POST requests from 3 concurrent clients and returns the
 // number of client failures (transport error or status other than 200)
 // and the bodies of the successes.
 func hammer(t *testing.T, url string, n int) (fails int, bodies map[string]int) {
@@ -41,7 +41,9 @@ func hammer(t *testing.T, url string, n int) (fails int, bodies map[string]int) 
 		go func() {
 			defer wg.Done()
 			for range jobs {
-				resp, err := client.Get(url)
+				// POST, as chat completions are: a refused connection sent
+				// nothing, so nginx may retry it.
+				resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
 				ok, body := false, ""
 				if err == nil {
 					b, _ := io.ReadAll(resp.Body)
