@@ -37,7 +37,6 @@ import (
 // difference in how the document is read before any rule runs. The two
 // Kubernetes judges (in-process and API server) must always agree.
 var knownGaps = map[string]string{
-	"internal/crdgen/testdata/routes/valid/metadata-unknown-field.yaml#0":  "CUE's #ObjectMeta is open (...), the API server decodes metadata strictly; closing #ObjectMeta over the ObjectMeta fields in the schema would remove this gap",
 	"internal/crdgen/testdata/routes/invalid/cart-null.yaml#0":             "the API server drops null values of non-nullable fields before validation (null = unset, as in kubectl apply); CUE rejects null for a struct",
 	"internal/crdgen/testdata/routes/invalid/generate-name.yaml#0":         "the API server names the object from generateName; CUE requires metadata.name (nginx.route and monitor.model default to it)",
 	"internal/crdgen/testdata/routes/invalid/include-not-ready-yes.yaml#0": "YAML 1.1 (kubectl, sigs.k8s.io/yaml) reads yes as true, YAML 1.2 (CUE) as the string \"yes\"; the API server receives JSON true",
