@@ -3,6 +3,7 @@ package schema_test
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -81,5 +82,40 @@ func TestValidateConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestValidateObjectMemoryFlat validates many generations of a route
+// object, as the controller does for the life of the process, and checks the
+// heap does not grow with the number of validations (CompileBytes on a
+// long-lived context kept ≈ 20 KB per call; BuildExpr stays flat).
+func TestValidateObjectMemoryFlat(t *testing.T) {
+	v := mustValidator(t)
+	src := benchRoutes(t)["small-llm"]
+	r, err := v.Validate("r", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	run := func(n int) {
+		for i := range n {
+			r.Generation = int64(i)
+			if _, err := v.ValidateObject(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(200) // warm up caches
+	before := heap()
+	run(2000)
+	grown := int64(heap()) - int64(before)
+	// 2000 leaked files of ≈ 20 KB would be ≈ 40 MB; allow noise well below.
+	if grown > 8<<20 {
+		t.Fatalf("heap grew by %d bytes over 2000 validations: something keeps every document", grown)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"cuelang.org/go/cue/cuecontext"
 	cueerrors "cuelang.org/go/cue/errors"
 	"cuelang.org/go/cue/token"
+	cuejson "cuelang.org/go/encoding/json"
 	cueyaml "cuelang.org/go/encoding/yaml"
 
 	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
@@ -177,13 +178,16 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 		return nil, fmt.Errorf("encode route: %w", err)
 	}
 	name := in.Namespace + "/" + in.Name
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	data := v.ctx.CompileBytes(b, cue.Filename(name))
-	if err := data.Err(); err != nil {
+	// Extract + BuildExpr, not CompileBytes: the controller validates every
+	// spec generation for the life of the process, and a compiled file is
+	// kept by the context forever (FACTS.md).
+	expr, err := cuejson.Extract(name, b)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	r, err := v.check(name, 1, data)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, err := v.check(name, 1, v.ctx.BuildExpr(expr))
 	if err != nil {
 		return nil, err
 	}
