@@ -80,6 +80,9 @@ type state struct {
 	spec   *v1alpha1.ModelRoute // validated, defaulted copy
 	snap   compiler.Snapshot
 	result compiler.Result
+	// fallback is the VIP of the route's owned fallback Service (FailOpen
+	// with selector discovery), fed into the snapshot's backend-svc tier.
+	fallback *compiler.ServiceVIP
 }
 
 // step is one stage of a reconcile. done=true ends the chain successfully
@@ -107,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
 
 	st := &state{route: route}
-	for _, s := range []step{r.reconcileSpec, r.reconcileDiscovery, r.reconcileCompile, r.reconcileOutputs} {
+	for _, s := range []step{r.reconcileSpec, r.reconcileFallback, r.reconcileDiscovery, r.reconcileCompile, r.reconcileOutputs} {
 		done, err := s(ctx, st)
 		if err != nil || done {
 			return ctrl.Result{}, err

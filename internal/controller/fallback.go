@@ -197,6 +197,15 @@ func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRout
 	return ports[0], nil
 }
 
+// reconcileFallback is the reconcile step around reconcileFallbackService;
+// it runs before discovery so a switch away from FailOpen cleans up even
+// while the route has no backends.
+func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, error) {
+	vip, err := r.reconcileFallbackService(ctx, st.route, st.spec)
+	st.fallback = vip
+	return false, err
+}
+
 // reconcileFallbackService makes the route's fallback Service match its
 // spec and returns the VIP to use for the backend-svc tier (nil = none):
 //

@@ -286,3 +286,55 @@ func TestFallbackServiceName(t *testing.T) {
 		t.Errorf("plain name rewritten: %q", got)
 	}
 }
+
+// TestFallbackServiceEndToEnd runs the whole controller (manager, watches,
+// finalizer) on a real API server: the fallback Service appears and its
+// ClusterIP reaches the route file's backend-svc tier; deleted, it comes
+// back through the Service watch; FailClose removes it; deleting the route
+// removes it before the finalizer goes.
+func TestFallbackServiceEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "fbe2e")
+	startManager(t, ns)
+	configMap(t, ns, "routes", nil, nil)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vllm-0", Labels: map[string]string{"app": "tiny"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm", Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}}}
+	must(t, k8s.Create(ctx, pod))
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.0.7", PodIPs: []corev1.PodIP{{IP: "10.1.0.7"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	must(t, k8s.Status().Update(ctx, pod))
+	createRoute(t, newRoute(ns, "tiny", "", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Discovery = v1alpha1.Discovery{Selector: "app=tiny"}
+		r.Spec.FailureMode = v1alpha1.FailOpen
+	}))
+	e := &fbEnv{ns: ns, route: &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Name: "tiny"}}}
+	vipInFile := func() (string, bool) {
+		s := e.svc(t)
+		if s == nil {
+			return "no Service", false
+		}
+		file, _ := cmKey(t, ns, "routes", routeKey("tiny"))
+		return s.Spec.ClusterIP, strings.Contains(file, `"backend-svc"`) && strings.Contains(file, host(s.Spec.ClusterIP)) && strings.Contains(file, host("10.1.0.7"))
+	}
+	eventually(t, "fallback Service and its VIP in the route file", func() (bool, string) { ip, ok := vipInFile(); return ok, ip })
+	first := e.svc(t)
+
+	must(t, k8s.Delete(ctx, first))
+	eventually(t, "fallback Service recreated and rendered", func() (bool, string) {
+		s := e.svc(t)
+		ip, ok := vipInFile()
+		return ok && s.UID != first.UID, ip
+	})
+
+	updateRoute(t, ns, "tiny", func(r *v1alpha1.ModelRoute) { r.Spec.FailureMode = v1alpha1.FailClose })
+	eventually(t, "fallback Service deleted on FailClose", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	updateRoute(t, ns, "tiny", func(r *v1alpha1.ModelRoute) { r.Spec.FailureMode = v1alpha1.FailOpen })
+	eventually(t, "fallback Service back on FailOpen", func() (bool, string) { ip, ok := vipInFile(); return ok, ip })
+
+	must(t, k8s.Delete(ctx, getRoute(t, ns, "tiny")))
+	eventually(t, "route and fallback Service gone", func() (bool, string) {
+		var r v1alpha1.ModelRoute
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tiny"}, &r)
+		return apierrors.IsNotFound(err) && e.svc(t) == nil, "route or Service still there"
+	})
+}

@@ -56,6 +56,9 @@ func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, e
 	if err != nil {
 		return false, fmt.Errorf("discover: %w", err)
 	}
+	if snap.BackendService == nil {
+		snap.BackendService = st.fallback
+	}
 	st.snap = snap
 	st.route.Status.CartPeers = int32(len(snap.CartPods))
 	if len(snap.Backends) == 0 {
@@ -180,6 +183,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 		return fmt.Errorf("remove route keys: %w", err)
 	}
 	ctrl.LoggerFrom(ctx).Info("removed route keys", "outcomes", fmt.Sprint(outcomes))
+	if err := r.cleanupFallbackService(ctx, route); err != nil {
+		return err
+	}
 	orig := route.DeepCopy()
 	controllerutil.RemoveFinalizer(route, Finalizer)
 	if err := r.Client.Patch(ctx, route, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {

@@ -59,6 +59,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	if err := SetupFallbackIndex(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
@@ -140,8 +143,12 @@ func (r *Reconciler) mapSlice(ctx context.Context, o client.Object) []reconcile.
 	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+svc))
 }
 
+// mapService maps a Service to the routes that reference it and to the
+// selector route whose fallback Service has its name (ours or a foreign
+// one: its deletion lets the route create its own).
 func (r *Reconciler) mapService(ctx context.Context, o client.Object) []reconcile.Request {
-	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName()))
+	return append(requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName())),
+		r.mapFallbackService(ctx, o)...)
 }
 
 // mapPod maps a pod to the selector routes of its namespace whose selectors
