@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/readiness"
+	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
 const (
@@ -29,12 +28,7 @@ var envNames = map[string]string{
 // envName is the variable that sets the flag called name. None of them
 // ends in _PORT or _SERVICE_HOST, so a Kubernetes service link cannot
 // inject one.
-func envName(name string) string {
-	if e, ok := envNames[name]; ok {
-		return e
-	}
-	return "PS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-}
+func envName(name string) string { return sidecar.EnvName(name, envNames) }
 
 // options are the readyz settings.
 type options struct {
@@ -46,40 +40,10 @@ type options struct {
 	LogFormat string
 }
 
-// portList is the repeatable --readiness-required-listener flag; a value
-// may also be a comma-separated list (the environment form).
-type portList struct{ ports *[]int }
-
-func (p portList) String() string {
-	if p.ports == nil {
-		return ""
-	}
-	s := make([]string, len(*p.ports))
-	for i, v := range *p.ports {
-		s[i] = strconv.Itoa(v)
-	}
-	return strings.Join(s, ",")
-}
-
-func (p portList) Set(v string) error {
-	for _, f := range strings.Split(v, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil {
-			return fmt.Errorf("port %q is not a number", f)
-		}
-		*p.ports = append(*p.ports, n)
-	}
-	return nil
-}
-
 // AddFlags registers every option on fs with its default.
 func (o *options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Listen, "listen", defaultListen, "`address` serving /readyz, /health, /healthz and /metrics (port 0 picks a free port, logged at start)")
-	fs.Var(portList{&o.Ports}, "readiness-required-listener", "TCP `port` (1-65535) that must have a LISTEN socket in this pod's network namespace for /readyz to answer 200, e.g. 15008 for Istio ambient; repeatable, at most 16, no duplicates; none means always ready")
+	fs.Var(sidecar.PortList{Ports: &o.Ports}, "readiness-required-listener", "TCP `port` (1-65535) that must have a LISTEN socket in this pod's network namespace for /readyz to answer 200, e.g. 15008 for Istio ambient; repeatable, at most 16, no duplicates; none means always ready")
 	fs.StringVar(&o.ProcRoot, "proc-root", readiness.DefaultProcRoot, "procfs mount `dir`: <dir>/net/tcp and <dir>/net/tcp6 are read (point it at fixtures to test)")
 	fs.DurationVar(&o.CacheTTL, "cache-ttl", readiness.DefaultTTL, "how long one scan of the socket tables answers /readyz (0 < ttl <= 1m)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -101,52 +65,18 @@ func (o *options) Validate() error {
 	if o.CacheTTL <= 0 || o.CacheTTL > maxCacheTTL {
 		errs = append(errs, fmt.Errorf("--cache-ttl %v: must be above 0 and at most %v", o.CacheTTL, maxCacheTTL))
 	}
-	if _, err := parseLevel(o.LogLevel); err != nil {
+	if _, err := sidecar.ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if o.LogFormat != "text" && o.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("--log-format %q: use text or json", o.LogFormat))
+	if err := sidecar.ValidateLogFormat(o.LogFormat); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level %q: use debug, info, warn or error", s)
-	}
-	return l, nil
 }
 
 // newLogger builds the --log-level/--log-format logger writing to w.
 func (o *options) newLogger(w io.Writer) *slog.Logger {
-	lvl, _ := parseLevel(o.LogLevel)
-	ho := &slog.HandlerOptions{Level: lvl}
-	if o.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, ho))
-	}
-	return slog.New(slog.NewTextHandler(w, ho))
-}
-
-// applyEnv sets every flag not given on the command line from its
-// environment variable. Call it after fs.Parse: explicit flags win.
-func applyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
-			return
-		}
-		v, ok := lookup(envName(f.Name))
-		if !ok {
-			return
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
-		}
-	})
-	return errors.Join(errs...)
+	return sidecar.NewLogger(o.LogLevel, o.LogFormat, w)
 }
 
 const usageHeader = `Usage: readyz [flags]
@@ -172,7 +102,7 @@ func usage(fs *flag.FlagSet, w io.Writer) {
 	fmt.Fprint(w, usageHeader)
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, text := flag.UnquoteUsage(f)
-		if _, ok := f.Value.(portList); ok {
+		if _, ok := f.Value.(sidecar.PortList); ok {
 			arg = "port"
 		}
 		line := "  --" + f.Name
@@ -184,7 +114,7 @@ func usage(fs *flag.FlagSet, w io.Writer) {
 			fmt.Fprintf(w, "      default: %s\n", f.DefValue)
 		}
 		env := envName(f.Name)
-		if _, ok := f.Value.(portList); ok {
+		if _, ok := f.Value.(sidecar.PortList); ok {
 			env += " (comma-separated list)"
 		}
 		fmt.Fprintf(w, "      env: %s\n", env)
@@ -210,7 +140,7 @@ func parseOptions(args []string, lookup func(string) (string, bool), stdout, std
 		fmt.Fprintf(stderr, "readyz: unexpected arguments %q\nRun 'readyz --help' for usage.\n", fs.Args())
 		return nil, 2, false
 	}
-	if err := applyEnv(fs, lookup); err != nil {
+	if err := sidecar.ApplyEnv(fs, lookup, envName); err != nil {
 		fmt.Fprintf(stderr, "readyz: %v\n", err)
 		return nil, 2, false
 	}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/modelsphere/autoconfig/internal/readiness"
+	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
 const usageHead = `Usage: hagate [flags]
@@ -107,12 +108,7 @@ func printUsage(fs *flag.FlagSet) {
 }
 
 func newLogger(o *Options, w io.Writer) *slog.Logger {
-	lvl, _ := ParseLevel(o.LogLevel)
-	hopts := &slog.HandlerOptions{Level: lvl}
-	if o.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, hopts))
-	}
-	return slog.New(slog.NewTextHandler(w, hopts))
+	return sidecar.NewLogger(o.LogLevel, o.LogFormat, w)
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -4,14 +4,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/modelsphere/autoconfig/internal/readiness"
+	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
 // Defaults match client-go's core components (15 s / 10 s / 2 s), which is
@@ -62,42 +60,7 @@ var envNames = map[string]string{
 }
 
 // EnvName is the environment variable that sets the flag called name.
-func EnvName(name string) string {
-	if e, ok := envNames[name]; ok {
-		return e
-	}
-	return "PS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-}
-
-// portList is a repeatable --readiness-required-listener flag. The env
-// form takes a comma-separated list.
-type portList struct{ ports *[]int }
-
-func (p portList) String() string {
-	if p.ports == nil {
-		return ""
-	}
-	s := make([]string, len(*p.ports))
-	for i, v := range *p.ports {
-		s[i] = strconv.Itoa(v)
-	}
-	return strings.Join(s, ",")
-}
-
-func (p portList) Set(v string) error {
-	for _, f := range strings.Split(v, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil {
-			return fmt.Errorf("port %q is not a number", f)
-		}
-		*p.ports = append(*p.ports, n)
-	}
-	return nil
-}
+func EnvName(name string) string { return sidecar.EnvName(name, envNames) }
 
 // AddFlags registers every option on fs with its default.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
@@ -106,7 +69,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.PodName, "pod-name", "", "name of this pod, from the downward API metadata.name; also the leader-election identity (required)")
 	fs.StringVar(&o.AppHost, "app-host", DefaultAppHost, "host of the local app port")
 	fs.IntVar(&o.AppPort, "app-port", 0, "local TCP port of the router that must accept connections for this pod to be active (required)")
-	fs.Var(portList{&o.RequiredListeners}, "readiness-required-listener", "TCP `port` that must have a LISTEN socket in the pod's network namespace (e.g. 15008 for Istio ambient); repeatable; the env form is comma-separated")
+	fs.Var(sidecar.PortList{Ports: &o.RequiredListeners}, "readiness-required-listener", "TCP `port` that must have a LISTEN socket in the pod's network namespace (e.g. 15008 for Istio ambient); repeatable; the env form is comma-separated")
 	fs.StringVar(&o.ProcRoot, "proc-root", DefaultProcRoot, "procfs mount read for --readiness-required-listener")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", DefaultLeaseDuration, "how long a standby waits after the leader's last renewal before taking over after a crash (whole seconds)")
 	fs.DurationVar(&o.RenewDeadline, "renew-deadline", DefaultRenewDeadline, "how long the leader retries renewing before it steps down and drops its label (< --lease-duration)")
@@ -122,22 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // ApplyEnv sets every flag not given on the command line from its
 // environment variable. Call it after fs.Parse; explicit flags win.
 func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] {
-			return
-		}
-		v, ok := lookup(EnvName(f.Name))
-		if !ok {
-			return
-		}
-		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, err))
-		}
-	})
-	return errors.Join(errs...)
+	return sidecar.ApplyEnv(fs, lookup, EnvName)
 }
 
 // LeaseName is the Lease the replicas elect a leader on.
@@ -191,26 +139,11 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--renew-deadline (%v) must be longer than 1.2 × --retry-period (%v)", o.RenewDeadline, o.RetryPeriod))
 		}
 	}
-	if _, err := ParseLevel(o.LogLevel); err != nil {
+	if _, err := sidecar.ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if o.LogFormat != "text" && o.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("--log-format must be text or json, got %q", o.LogFormat))
+	if err := sidecar.ValidateLogFormat(o.LogFormat); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// ParseLevel maps --log-level to a slog level.
-func ParseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(s) {
-	case "debug":
-		return slog.LevelDebug, nil
-	case "info":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return 0, fmt.Errorf("--log-level must be debug, info, warn or error, got %q", s)
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
 func newFlags() (*Options, *flag.FlagSet) {
@@ -62,7 +64,7 @@ func TestRepeatableListenerFlag(t *testing.T) {
 	if err := fs.Parse([]string{"--readiness-required-listener=15008", "--readiness-required-listener=15001,15006"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := (portList{&o.RequiredListeners}).String(); got != "15008,15001,15006" {
+	if got := (sidecar.PortList{Ports: &o.RequiredListeners}).String(); got != "15008,15001,15006" {
 		t.Fatalf("listeners %q", got)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 	"unicode"
+
+	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
 // DefaultDebounce is how long the directories must stay quiet before a
@@ -40,7 +42,7 @@ const DefaultCheckTimeout = 30 * time.Second
 // EnvPrefix prefixes the environment variable of every flag
 // (--check-cmd ↔ PS_CHECK_CMD). "PS_" is not a prefix Kubernetes service
 // links inject (<SERVICE>_SERVICE_HOST, <SERVICE>_PORT…).
-const EnvPrefix = "PS_"
+const EnvPrefix = sidecar.EnvPrefix
 
 // Options are the sidecar's flags.
 type Options struct {
@@ -103,27 +105,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 }
 
 // EnvName is the environment variable of a flag: PS_ + upper snake case.
-func EnvName(flagName string) string {
-	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
+func EnvName(flagName string) string { return sidecar.EnvName(flagName, nil) }
 
 // ApplyEnv sets every flag not given on the command line from its
 // environment variable, if present. Call it after fs.Parse.
 func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] {
-			return
-		}
-		if v, ok := lookup(EnvName(f.Name)); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", EnvName(f.Name), err))
-			}
-		}
-	})
-	return errors.Join(errs...)
+	return sidecar.ApplyEnv(fs, lookup, EnvName)
 }
 
 // Validate checks the options; its errors are usage errors.
@@ -160,8 +147,8 @@ func (o *Options) Validate() error {
 	if _, err := ParseLogLevel(o.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if o.LogFormat != "text" && o.LogFormat != "json" {
-		errs = append(errs, fmt.Errorf("--log-format %q: use text or json", o.LogFormat))
+	if err := sidecar.ValidateLogFormat(o.LogFormat); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -189,22 +176,11 @@ func ParseSignal(s string) (syscall.Signal, error) {
 }
 
 // ParseLogLevel maps --log-level to slog.
-func ParseLogLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level %q: use debug, info, warn or error", s)
-	}
-	return l, nil
-}
+func ParseLogLevel(s string) (slog.Level, error) { return sidecar.ParseLogLevel(s) }
 
 // NewLogger builds the slog logger of --log-level/--log-format.
 func (o *Options) NewLogger() *slog.Logger {
-	lvl, _ := ParseLogLevel(o.LogLevel)
-	ho := &slog.HandlerOptions{Level: lvl}
-	if o.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, ho))
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, ho))
+	return sidecar.NewLogger(o.LogLevel, o.LogFormat, os.Stderr)
 }
 
 // SplitCommand splits a command line on unquoted whitespace; single and
