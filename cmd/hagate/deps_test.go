@@ -19,6 +19,7 @@ func TestImportGraph(t *testing.T) {
 		self + "cmd/hagate":         true,
 		self + "internal/hagate":    true,
 		self + "internal/readiness": true,
+		self + "internal/sidecar":   true,
 	}
 	var sawClientGo bool
 	for _, p := range strings.Fields(string(out)) {
