@@ -259,9 +259,9 @@ func TestMetricsAndHealthz(t *testing.T) {
 		"--health-addr=127.0.0.1:"+strconv.Itoa(hport)).start()
 	c.w.waitFor(t, settle, "active", onlyActive("router-a"))
 
-	want := []string{"hagate_is_leader 1", "hagate_active 1", "hagate_healthy 1",
-		`hagate_label_fixes_total{action="add"} 1`, `hagate_leader_transitions_total{to="leader"} 1`,
-		`hagate_active_transitions_total{to="active"} 1`}
+	want := []string{"autoconfig_hagate_is_leader 1", "autoconfig_hagate_active 1", "autoconfig_hagate_healthy 1",
+		`autoconfig_hagate_label_fixes_total{action="add"} 1`, `autoconfig_hagate_leader_transitions_total{to="leader"} 1`,
+		`autoconfig_hagate_active_transitions_total{to="active"} 1`}
 	body := pollHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", mport), func(b string) bool {
 		for _, w := range want {
 			if !strings.Contains(b, w) {

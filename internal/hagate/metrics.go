@@ -6,7 +6,7 @@ import (
 )
 
 // MetricsPrefix is prepended to every hagate metric.
-const MetricsPrefix = "hagate_"
+const MetricsPrefix = "autoconfig_hagate_"
 
 // Metrics are hagate's Prometheus series, registered on a private
 // registry so nothing global (client-go's or anyone else's) leaks in.
