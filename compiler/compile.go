@@ -260,6 +260,23 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 			idx:  uint32(i),
 		}
 	}
+	// IPv4 endpoints (the common case) sort as packed uint64s, with no
+	// comparison closure; the rest go through the general comparison.
+	// IPv4 comes first, as netip.Addr.Compare orders them.
+	out := make([]endpoint, 0, len(in))
+	if len(keys) <= 1<<16 {
+		v4 := make([]uint64, 0, len(keys))
+		rest := keys[:0]
+		for _, k := range keys {
+			if !k.v6 {
+				v4 = append(v4, (k.lo&0xffffffff)<<32|uint64(k.port)<<16|uint64(k.idx))
+			} else {
+				rest = append(rest, k)
+			}
+		}
+		out = appendSortedV4(out, parsed, v4)
+		keys = rest
+	}
 	slices.SortFunc(keys, func(a, b sortKey) int {
 		// IPv4 before IPv6, as netip.Addr.Compare orders them.
 		if a.v6 != b.v6 {
@@ -280,7 +297,6 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 		// Duplicates: the smallest GPU label wins, whatever the order.
 		return strings.Compare(parsed[a.idx].gpu, parsed[b.idx].gpu)
 	})
-	out := make([]endpoint, 0, len(in))
 	for i, k := range keys {
 		if i > 0 && k.hi == keys[i-1].hi && k.lo == keys[i-1].lo && k.v6 == keys[i-1].v6 && k.port == keys[i-1].port {
 			continue
@@ -291,6 +307,28 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 }
 
 // sortKey orders endpoints: address bytes, family, port.
+// appendSortedV4 appends the IPv4 endpoints whose packed keys (address,
+// port, index into parsed: each (address, port, index) fits one uint64
+// whose natural order is the wanted order) are given, sorted and
+// deduplicated exactly like the general path.
+func appendSortedV4(out, parsed []endpoint, packed []uint64) []endpoint {
+	slices.Sort(packed)
+	for i := 0; i < len(packed); {
+		// A run of the same address and port is one endpoint; the smallest
+		// GPU label wins, whatever the input order.
+		best := parsed[packed[i]&0xffff]
+		j := i + 1
+		for ; j < len(packed) && packed[j]>>16 == packed[i]>>16; j++ {
+			if g := parsed[packed[j]&0xffff].gpu; g < best.gpu {
+				best = parsed[packed[j]&0xffff]
+			}
+		}
+		out = append(out, best)
+		i = j
+	}
+	return out
+}
+
 type sortKey struct {
 	hi, lo uint64
 	v6     bool
