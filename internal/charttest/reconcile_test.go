@@ -26,7 +26,8 @@ import (
 
 // TestReconcileAsServiceAccount runs the real reconciler with leader
 // election, authenticated as the chart's ServiceAccount (impersonation),
-// scoped to watchNamespaces: if the chart's RBAC lacked a verb the
+// scoped to watchNamespaces, through a whole scenario (create, scale out,
+// update, a FailOpen route's owned fallback Service, delete): if the chart's RBAC lacked a verb the
 // controller needs (list a cached kind, patch status, update the
 // finalizer, patch the ConfigMap, the Lease), the route would never become
 // Ready with its output written.
@@ -140,6 +141,91 @@ spec:
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			select {
+			case err := <-done:
+				t.Fatalf("manager stopped while waiting for %s: %v", what, err)
+			case <-ctx.Done():
+				t.Fatalf("as %s: timed out waiting for %s", sa, what)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	routeConf := func(key string) string {
+		cm := &corev1.ConfigMap{}
+		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: routes, Name: "openresty-conf"}, cm))
+		return cm.Data[key]
+	}
+
+	// Scale out: a second backend appears in the EndpointSlice.
+	slice := &discoveryv1.EndpointSlice{}
+	must(t, admin.Get(ctx, client.ObjectKey{Namespace: backends, Name: "wan-1"}, slice))
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.1.0.8"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	must(t, admin.Update(ctx, slice))
+	waitFor("the scaled-out backend in the route file", func() bool {
+		return strings.Contains(routeConf("session_route_wan.conf"), "server 10.1.0.8:8000 ")
+	})
+
+	// Update the route: a new option is rendered.
+	must(t, admin.Get(ctx, client.ObjectKeyFromObject(route), route))
+	route.Spec.Nginx.Values = map[string]string{"max_body_size": "128m"}
+	must(t, admin.Update(ctx, route))
+	waitFor("the updated route rendered", func() bool {
+		return strings.Contains(routeConf("session_route_wan.conf"), "client_max_body_size 128m;")
+	})
+
+	// A FailOpen route discovered by selector: the controller creates (and
+	// on deletion removes) its owned fallback Service, as the ServiceAccount.
+	// Selector discovery reads pods in the route's namespace; the test
+	// plays kubelet and sets the pod's status.
+	must(t, k8s.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "sel-0", Labels: map[string]string{"app": "sel"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "m",
+			Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
+	}))
+	pod := &corev1.Pod{}
+	must(t, k8s.Get(ctx, client.ObjectKey{Namespace: routes, Name: "sel-0"}, pod))
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.0.9", PodIPs: []corev1.PodIP{{IP: "10.1.0.9"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	must(t, k8s.Status().Update(ctx, pod))
+	sel := &v1alpha1.ModelRoute{}
+	must(t, yaml.Unmarshal([]byte(`
+apiVersion: routing.modelsphere.dev/v1alpha1
+kind: ModelRoute
+metadata: {name: sel, namespace: `+routes+`}
+spec:
+  modelType: video
+  failureMode: FailOpen
+  discovery: {selector: app=sel}
+  nginx:
+    outputConfigMap: openresty-conf
+    peers:
+    - {use: backend, priority: 2}
+`), sel))
+	must(t, admin.Create(ctx, sel))
+	fallback := client.ObjectKey{Namespace: routes, Name: controller.FallbackServiceName("sel")}
+	waitFor("the owned fallback Service and the route file", func() bool {
+		svc := &corev1.Service{}
+		if err := k8s.Get(ctx, fallback, svc); err != nil {
+			got := &v1alpha1.ModelRoute{}
+			must(t, admin.Get(ctx, client.ObjectKeyFromObject(sel), got))
+			for _, c := range got.Status.Conditions {
+				if strings.Contains(c.Message, "forbidden") {
+					t.Fatalf("the chart's RBAC is too narrow for fallback Services: %s %s: %s", c.Type, c.Reason, c.Message)
+				}
+			}
+			return false
+		}
+		return svc.Spec.Selector["app"] == "sel" && strings.Contains(routeConf("session_route_sel.conf"), "server 10.1.0.9:8000 ")
+	})
+	must(t, admin.Delete(ctx, sel))
+	waitFor("the fallback Service and the route's key removed", func() bool {
+		err := k8s.Get(ctx, fallback, &corev1.Service{})
+		return client.IgnoreNotFound(err) == nil && err != nil && routeConf("session_route_sel.conf") == ""
+	})
 
 	// Deleting the route runs the finalizer as the ServiceAccount too.
 	must(t, admin.Delete(ctx, route))
