@@ -26,6 +26,7 @@ envtest: ## build kube-apiserver + etcd for envtest (cached; ~5 min cold)
 generate: ## regenerate every generated file
 	$(GO) run ./cmd/autoconfig crd > $(CRD_FILE).tmp && mv $(CRD_FILE).tmp $(CRD_FILE)
 	@if [ -d deploy/helm/autoconfig/crds ]; then cp $(CRD_FILE) deploy/helm/autoconfig/crds/; fi
+	$(GO) run ./cmd/autoconfig crd --reference > docs/reference.md
 	AUTOCONFIG_UPDATE=1 $(GO) test ./cmd/autoconfig -run TestCorpusScriptUpToDate >/dev/null
 
 fmt:
@@ -37,7 +38,7 @@ vet:
 verify: generate ## fail on drift: generated files, go.mod tidiness, gofmt
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) mod tidy -diff
-	@git diff --exit-code -- deploy testdata || { echo "generated files drifted: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- deploy testdata docs/reference.md || { echo "generated files drifted: run make generate and commit"; exit 1; }
 
 unit:
 	$(GO) test -count=1 -timeout 40m ./...

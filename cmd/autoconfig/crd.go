@@ -17,9 +17,10 @@ func init() {
 func runCRD(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("crd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	reference := fs.Bool("reference", false, "print the Markdown field reference (docs/reference.md) instead of the CRD")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, joinLines(
-			"Usage: autoconfig crd",
+			"Usage: autoconfig crd [--reference]",
 			"",
 			"Prints the ModelRoute CRD (apiextensions.k8s.io/v1) as YAML. Its OpenAPI",
 			"schema and CEL validation rules are generated from the embedded CUE",
@@ -40,7 +41,11 @@ func runCRD(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wri
 		fs.Usage()
 		return 2
 	}
-	b, err := crdgen.YAML()
+	gen := crdgen.YAML
+	if *reference {
+		gen = crdgen.Reference
+	}
+	b, err := gen()
 	if err != nil {
 		fmt.Fprintf(stderr, "autoconfig crd: %v\n", err)
 		return 1
