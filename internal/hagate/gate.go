@@ -479,10 +479,13 @@ type election struct {
 	done    chan struct{}
 }
 
-// electionUndecided is true while a just-started election has not heard
-// back from the apiserver yet, for at most RenewDeadline.
+// electionUndecided is true while a just-started election has not decided
+// yet, for at most RenewDeadline: we are not the leader yet, and no answer
+// said someone else holds the Lease or our write failed. Reading our own
+// name as holder (a restarted leader) is not a decision: the renewal that
+// follows is, and until client-go records it as leadership the label stays.
 func (g *Gate) electionUndecided() bool {
-	return g.el != nil && !g.el.lock.hasAnswered() && g.cfg.Clock.Since(g.el.started) < g.cfg.RenewDeadline
+	return g.el != nil && !g.el.le.IsLeader() && !g.el.lock.hasAnswered() && g.cfg.Clock.Since(g.el.started) < g.cfg.RenewDeadline
 }
 
 func (g *Gate) startElection() {
@@ -568,11 +571,15 @@ type trackingLock struct {
 
 	mu       sync.Mutex
 	at       time.Time
-	answered bool // a Get, Create or Update has returned
+	answered bool // a Get showed another holder (or failed), or a Create/Update returned
 }
 
 func (l *trackingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.Interface.Get(ctx)
+	if err == nil && rec != nil && rec.HolderIdentity == l.Identity() {
+		// Still ours (a restarted leader): the renewal decides.
+		return rec, raw, err
+	}
 	l.mu.Lock()
 	l.answered = true
 	l.mu.Unlock()
@@ -604,7 +611,9 @@ func (l *trackingLock) Update(ctx context.Context, rec resourcelock.LeaderElecti
 func (l *trackingLock) note(start time.Time, rec resourcelock.LeaderElectionRecord, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.answered = true
+	if err != nil {
+		l.answered = true
+	}
 	switch {
 	case rec.HolderIdentity != l.Identity():
 		// A release (empty holder) ends our tenure whatever the outcome.
