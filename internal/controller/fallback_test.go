@@ -322,6 +322,9 @@ func TestFallbackServiceEndToEnd(t *testing.T) {
 	must(t, k8s.Delete(ctx, first))
 	eventually(t, "fallback Service recreated and rendered", func() (bool, string) {
 		s := e.svc(t)
+		if s == nil {
+			return false, "not recreated yet"
+		}
 		ip, ok := vipInFile()
 		return ok && s.UID != first.UID, ip
 	})
