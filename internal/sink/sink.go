@@ -205,6 +205,14 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(ma
 		if len(changed) == 0 {
 			return Unchanged, nil, nil
 		}
+		if reader != w.APIReader && w.APIReader != nil && addsAbsentKey(cm.Data, changed) {
+			// A key absent from the cache is added without a test (JSON
+			// patch cannot test absence), so a stale cache would mean a
+			// redundant write of content already there: read the truth
+			// first. This costs one GET, only when a key first appears.
+			reader = w.APIReader
+			continue
+		}
 		var p client.Patch
 		b, ok, err := keyPatch(cm.Data, changed)
 		if err == nil && !ok {
@@ -244,4 +252,14 @@ func backoff(ctx context.Context, attempt int) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// addsAbsentKey reports whether changed sets a key that current lacks.
+func addsAbsentKey(current map[string]string, changed map[string]*string) bool {
+	for k, v := range changed {
+		if _, had := current[k]; v != nil && !had {
+			return true
+		}
+	}
+	return false
 }
