@@ -49,33 +49,24 @@ func (o *compileOptions) Validate() error {
 
 func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var o compileOptions
-	fs := flag.NewFlagSet("compile", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o.AddFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, joinLines(
-			"Usage: autoconfig compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
-			"",
-			"Validates ROUTE with the embedded schema (the same errors as autoconfig vet),",
-			"then renders every output the route owns from files alone, exactly as the",
-			"controller would write them:",
-			"  <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)",
-			"  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)",
-			"  <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)",
-			"Without -o each output is printed to stdout after a header line",
-			"\"==> namespace/configmap/key <==\"; with -o it is written to",
-			"DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to",
-			"stderr. The snapshot format and the output formats are in docs/outputs.md.",
-			"Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.",
-			"",
-			"Flags:"))
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs, code, ok := parseFlags("compile", args, stderr, joinLines(
+		"Usage: autoconfig compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
+		"",
+		"Validates ROUTE with the embedded schema (the same errors as autoconfig vet),",
+		"then renders every output the route owns from files alone, exactly as the",
+		"controller would write them:",
+		"  <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)",
+		"  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)",
+		"  <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)",
+		"Without -o each output is printed to stdout after a header line",
+		"\"==> namespace/configmap/key <==\"; with -o it is written to",
+		"DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to",
+		"stderr. The snapshot format and the output formats are in docs/outputs.md.",
+		"Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.",
+		"",
+		"Flags:"), o.AddFlags)
+	if !ok {
+		return code
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(stderr, "autoconfig compile: %v\n", err)

@@ -132,29 +132,20 @@ func (o *controllerOptions) restConfig() (*rest.Config, error) {
 
 func runController(ctx context.Context, args []string, _ io.Reader, _, stderr io.Writer) int {
 	var o controllerOptions
-	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o.AddFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, joinLines(
-			"Usage: autoconfig controller [flags]",
-			"",
-			"Runs the ModelRoute reconciler: discovers each route's endpoints",
-			"(EndpointSlices of a Service, or pods by label), compiles them with the",
-			"validated spec and writes the outputs into the consumers' existing",
-			"ConfigMaps (one key per route; ConfigMaps are never created). Status and",
-			"events on each ModelRoute say what happened. See docs/controller.md.",
-			"",
-			"Exit status: 0 after a clean shutdown (SIGTERM), 1 on failure, 2 usage error.",
-			"",
-			"Flags:"))
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs, code, ok := parseFlags("controller", args, stderr, joinLines(
+		"Usage: autoconfig controller [flags]",
+		"",
+		"Runs the ModelRoute reconciler: discovers each route's endpoints",
+		"(EndpointSlices of a Service, or pods by label), compiles them with the",
+		"validated spec and writes the outputs into the consumers' existing",
+		"ConfigMaps (one key per route; ConfigMaps are never created). Status and",
+		"events on each ModelRoute say what happened. See docs/controller.md.",
+		"",
+		"Exit status: 0 after a clean shutdown (SIGTERM), 1 on failure, 2 usage error.",
+		"",
+		"Flags:"), o.AddFlags)
+	if !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "autoconfig controller: unexpected arguments %q\n", fs.Args())

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,26 +14,22 @@ func init() {
 }
 
 func runCRD(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("crd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	reference := fs.Bool("reference", false, "print the Markdown field reference (docs/reference.md) instead of the CRD")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, joinLines(
-			"Usage: autoconfig crd [--reference]",
-			"",
-			"Prints the ModelRoute CRD (apiextensions.k8s.io/v1) as YAML. Its OpenAPI",
-			"schema and CEL validation rules are generated from the embedded CUE",
-			"schema, so `kubectl apply` gives the same verdict as `autoconfig vet`.",
-			"",
-			"  autoconfig crd | kubectl apply --server-side -f -",
-			"  go run ./cmd/autoconfig crd > deploy/crds/"+crdgen.FileName))
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	var reference bool
+	fs, code, ok := parseFlags("crd", args, stderr, joinLines(
+		"Usage: autoconfig crd [--reference]",
+		"",
+		"Prints the ModelRoute CRD (apiextensions.k8s.io/v1) as YAML. Its OpenAPI",
+		"schema and CEL validation rules are generated from the embedded CUE",
+		"schema, so `kubectl apply` gives the same verdict as `autoconfig vet`.",
+		"",
+		"  autoconfig crd | kubectl apply --server-side -f -",
+		"  go run ./cmd/autoconfig crd > deploy/crds/"+crdgen.FileName,
+		"",
+		"Flags:"), func(fs *flag.FlagSet) {
+		fs.BoolVar(&reference, "reference", false, "print the Markdown field reference (docs/reference.md) instead of the CRD")
+	})
+	if !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "autoconfig crd: unexpected arguments %q\n", fs.Args())
@@ -42,7 +37,7 @@ func runCRD(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Wri
 		return 2
 	}
 	gen := crdgen.YAML
-	if *reference {
+	if reference {
 		gen = crdgen.Reference
 	}
 	b, err := gen()

@@ -9,6 +9,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -78,3 +80,24 @@ func usage(w io.Writer) {
 
 // joinLines is a small helper for multi-line usage texts.
 func joinLines(lines ...string) string { return strings.Join(lines, "\n") + "\n" }
+
+// parseFlags is every subcommand's flag handling: a FlagSet named name
+// writing to stderr, the flags addFlags registers, usage (printed before
+// the flag defaults) on -h and on errors. ok is false when the caller must
+// return code: 0 after --help, 2 on a usage error.
+func parseFlags(name string, args []string, stderr io.Writer, usage string, addFlags func(*flag.FlagSet)) (fs *flag.FlagSet, code int, ok bool) {
+	fs = flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return fs, 0, false
+		}
+		return fs, 2, false
+	}
+	return fs, 0, true
+}

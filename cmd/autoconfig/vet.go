@@ -47,29 +47,20 @@ type vetResult struct {
 
 func runVet(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var o vetOptions
-	fs := flag.NewFlagSet("vet", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o.AddFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, joinLines(
-			"Usage: autoconfig vet [--output text|json] FILE|DIR|- ...",
-			"",
-			"Validates ModelRoute YAML against the embedded CUE schema: multi-document",
-			"files, directories (every *.yaml / *.yml below them) and stdin (-).",
-			"Each problem is printed as file:line: field.path: message.",
-			"Exit status: 0 all valid, 1 any invalid, 2 usage error.",
-			"",
-			"The same verdict without this binary:",
-			"  cue vet -c ./schema/ route.yaml -d '#ModelRoute'",
-			"",
-			"Flags:"))
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs, code, ok := parseFlags("vet", args, stderr, joinLines(
+		"Usage: autoconfig vet [--output text|json] FILE|DIR|- ...",
+		"",
+		"Validates ModelRoute YAML against the embedded CUE schema: multi-document",
+		"files, directories (every *.yaml / *.yml below them) and stdin (-).",
+		"Each problem is printed as file:line: field.path: message.",
+		"Exit status: 0 all valid, 1 any invalid, 2 usage error.",
+		"",
+		"The same verdict without this binary:",
+		"  cue vet -c ./schema/ route.yaml -d '#ModelRoute'",
+		"",
+		"Flags:"), o.AddFlags)
+	if !ok {
+		return code
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
