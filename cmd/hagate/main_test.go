@@ -8,7 +8,6 @@ package main
 // docs/hagate.md, so the documented RBAC is what the tests exercise.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -77,11 +77,10 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 
-	hagateBin = filepath.Join(tmp, "hagate")
-	build := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", hagateBin, ".")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building hagate:", err)
+	// Under -race the binary is race-built too, so the end-to-end tests
+	// check the gate's goroutines (elector, label loop).
+	if hagateBin, err = testbin.Build(tmp, "hagate"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 
@@ -386,26 +385,9 @@ type replica struct {
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
-	buf    *syncBuffer
+	buf    *testbin.SyncBuffer
 	done   chan struct{}
 	status error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // addReplica creates the pod and its app port and starts its hagate.
@@ -443,7 +425,7 @@ func (r *replica) start() {
 	cmd := exec.Command(hagateBin, args...)
 	r.mu.Lock()
 	if r.buf == nil {
-		r.buf = &syncBuffer{}
+		r.buf = &testbin.SyncBuffer{}
 	}
 	buf := r.buf
 	r.mu.Unlock()

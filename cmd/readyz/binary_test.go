@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/readiness"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 var (
@@ -44,20 +44,10 @@ func buildBinary(t *testing.T) string {
 			return
 		}
 		binDir = dir
-		binPath = filepath.Join(dir, "readyz")
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		out, err := exec.Command(goBin, "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = err
-			binPath = string(out)
-		}
+		binPath, buildErr = testbin.Build(dir, "readyz")
 	})
 	if buildErr != nil {
-		t.Fatalf("building readyz: %v\n%s", buildErr, binPath)
+		t.Fatalf("building readyz: %v", buildErr)
 	}
 	return binPath
 }

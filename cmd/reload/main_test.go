@@ -2,18 +2,15 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // reloadBin is the real sidecar binary, built once by TestMain.
@@ -36,13 +34,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	reloadBin = filepath.Join(dir, "reload")
-	args := []string{"build", "-o", reloadBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build reload: %v\n%s", err, out)
+	if reloadBin, err = testbin.Build(dir, "reload"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -53,27 +46,10 @@ func TestMain(m *testing.M) {
 // wait bounds every condition wait; nothing is a timing assertion.
 const wait = 30 * time.Second
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // sidecar is one running reload binary.
 type sidecar struct {
 	cmd         *exec.Cmd
-	log         *syncBuffer
+	log         *testbin.SyncBuffer
 	metricsAddr string
 }
 
@@ -83,7 +59,7 @@ var metricsAddrRE = regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
 // and debug logs, and waits until it watches.
 func startSidecar(t testing.TB, args ...string) *sidecar {
 	t.Helper()
-	s := &sidecar{log: &syncBuffer{}}
+	s := &sidecar{log: &testbin.SyncBuffer{}}
 	args = append([]string{"--metrics-addr=127.0.0.1:0", "--log-level=debug"}, args...)
 	s.cmd = exec.Command(reloadBin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
@@ -223,7 +199,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	name := fmt.Sprintf("cache-aware-router-env-%d", os.Getpid())
 	cart := reloadtest.StartHUPCounter(t, name)
 	// Every flag also comes from PS_<FLAG>; the command line wins.
-	s := &sidecar{log: &syncBuffer{}}
+	s := &sidecar{log: &testbin.SyncBuffer{}}
 	s.cmd = exec.Command(reloadBin, "--log-level=debug")
 	s.cmd.Env = append(os.Environ(), "PS_WATCH="+dir, "PS_PROCESS="+name, "PS_METRICS_ADDR=127.0.0.1:0", "PS_LOG_LEVEL=error", "PS_DEBOUNCE=100ms")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log

@@ -1,0 +1,48 @@
+// Package testbin holds what the binary-level tests of the sidecars share:
+// building the package under test into a real executable (with -race when
+// the test itself runs under -race) and a goroutine-safe buffer for a child
+// process's output.
+package testbin
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"sync"
+)
+
+// Build compiles the package in the current directory (the test's own
+// package) into dir/name and returns the path. Under -race the binary is
+// race-instrumented too, so the race detector watches the real process.
+func Build(dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	args := []string{"build", "-o", bin}
+	if RaceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build %s: %w\n%s", name, err, out)
+	}
+	return bin, nil
+}
+
+// SyncBuffer is a bytes.Buffer safe for a child process writing while a
+// test reads.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
