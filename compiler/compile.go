@@ -243,7 +243,16 @@ func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
 // endpoints this is most of Compile's time.
 func normalize(in []Endpoint, what string) ([]endpoint, error) {
 	parsed := make([]endpoint, len(in))
-	keys := make([]sortKey, len(in))
+	// IPv4 endpoints (the common case) sort as packed uint64s (address,
+	// port, index), with no comparison closure; the rest (IPv6, or more
+	// endpoints than the index field holds) go through the general
+	// comparison. IPv4 comes first, as netip.Addr.Compare orders them.
+	pack := len(in) <= 1<<16
+	var v4 []uint64
+	var keys []sortKey
+	if pack {
+		v4 = make([]uint64, 0, len(in))
+	}
 	for i, e := range in {
 		p, err := parseEndpoint(e.IP, e.Port, what)
 		if err != nil {
@@ -251,32 +260,21 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 		}
 		p.gpu = e.GPUProduct
 		parsed[i] = p
+		if pack && p.addr.Is4() {
+			a4 := p.addr.As4()
+			v4 = append(v4, uint64(binary.BigEndian.Uint32(a4[:]))<<32|uint64(uint16(p.port))<<16|uint64(i))
+			continue
+		}
 		a16 := p.addr.As16()
-		keys[i] = sortKey{
+		keys = append(keys, sortKey{
 			hi:   binary.BigEndian.Uint64(a16[:8]),
 			lo:   binary.BigEndian.Uint64(a16[8:]),
 			v6:   p.addr.Is6(),
 			port: uint16(p.port),
 			idx:  uint32(i),
-		}
+		})
 	}
-	// IPv4 endpoints (the common case) sort as packed uint64s, with no
-	// comparison closure; the rest go through the general comparison.
-	// IPv4 comes first, as netip.Addr.Compare orders them.
-	out := make([]endpoint, 0, len(in))
-	if len(keys) <= 1<<16 {
-		v4 := make([]uint64, 0, len(keys))
-		rest := keys[:0]
-		for _, k := range keys {
-			if !k.v6 {
-				v4 = append(v4, (k.lo&0xffffffff)<<32|uint64(k.port)<<16|uint64(k.idx))
-			} else {
-				rest = append(rest, k)
-			}
-		}
-		out = appendSortedV4(out, parsed, v4)
-		keys = rest
-	}
+	out := appendSortedV4(make([]endpoint, 0, len(in)), parsed, v4)
 	slices.SortFunc(keys, func(a, b sortKey) int {
 		// IPv4 before IPv6, as netip.Addr.Compare orders them.
 		if a.v6 != b.v6 {
