@@ -56,24 +56,9 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("a valid route is invalid: %v", err)
 			}
-			res, err := Compile(route, snap, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got bytes.Buffer
-			got.WriteString("# " + rel + " compiled with testdata/snapshots/default.yaml\n")
-			for _, w := range res.Warnings {
-				got.WriteString("# warning: " + w + "\n")
-			}
-			for _, o := range res.Outputs {
-				data, err := o.Render(base)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got.WriteString("\n==> " + o.ConfigMap + "/" + o.Key + " <==\n")
-				got.Write(data)
-			}
+			got := renderGolden(t, rel, route, snap, base)
 			// Compiling again gives the same bytes.
+			res, _ := Compile(route, snap, Options{})
 			res2, _ := Compile(route, snap, Options{})
 			for i, o := range res2.Outputs {
 				a, _ := o.Render(base)
@@ -86,7 +71,7 @@ func TestGolden(t *testing.T) {
 				if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
 					t.Fatal(err)
 				}
 				return
@@ -95,8 +80,8 @@ func TestGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("no golden for %s (run AUTOCONFIG_UPDATE=1 go test -run TestGolden ./compiler): %v", rel, err)
 			}
-			if !bytes.Equal(got.Bytes(), want) {
-				t.Errorf("%s differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", rel, golden, got.String())
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", rel, golden, string(got))
 			}
 		})
 	}

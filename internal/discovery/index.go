@@ -37,41 +37,37 @@ const (
 
 // RouteServices returns the "ns/name" of every Service a route references.
 func RouteServices(r *v1alpha1.ModelRoute) []string {
-	var out []string
-	add := func(ref string) {
-		if ref == "" {
-			return
-		}
-		if k := Key(ref, r.Namespace); !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	add(r.Spec.Discovery.Service)
+	refs := []string{r.Spec.Discovery.Service}
 	if r.Spec.Cart != nil {
-		add(r.Spec.Cart.Service)
+		refs = append(refs, r.Spec.Cart.Service)
 	}
-	add(r.Spec.Nginx.Service)
-	return out
+	return uniqueKeys(r.Namespace, append(refs, r.Spec.Nginx.Service)...)
 }
 
 // RouteConfigMaps returns the "ns/name" of every output ConfigMap a route
 // writes.
 func RouteConfigMaps(r *v1alpha1.ModelRoute) []string {
-	var out []string
-	add := func(ref string) {
-		if ref == "" {
-			return
-		}
-		if k := Key(ref, r.Namespace); !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	add(r.Spec.Nginx.OutputConfigMap)
+	refs := []string{r.Spec.Nginx.OutputConfigMap}
 	if r.Spec.Cart != nil {
-		add(r.Spec.Cart.OutputConfigMap)
+		refs = append(refs, r.Spec.Cart.OutputConfigMap)
 	}
 	if r.Spec.Monitor != nil {
-		add(r.Spec.Monitor.OutputConfigMap)
+		refs = append(refs, r.Spec.Monitor.OutputConfigMap)
+	}
+	return uniqueKeys(r.Namespace, refs...)
+}
+
+// uniqueKeys resolves each non-empty reference against ns ("ns/name") and
+// drops duplicates, keeping the first occurrence's order.
+func uniqueKeys(ns string, refs ...string) []string {
+	var out []string
+	for _, ref := range refs {
+		if ref == "" {
+			continue
+		}
+		if k := Key(ref, ns); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
 	}
 	return out
 }
