@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -222,16 +222,11 @@ func TestLeaseLostWhileAliveDropsLabel(t *testing.T) {
 	leader := c.theActive()
 	// Someone else takes the Lease (as if the leader had been partitioned
 	// and a new holder had acquired it).
-	l, err := c.getLease()
-	if err != nil {
-		t.Fatal(err)
-	}
 	intruder, dur := "intruder", int32(3600)
-	now := metav1.NewMicroTime(time.Now())
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime, l.Spec.AcquireTime = &intruder, &dur, &now, &now
-	if _, err := adminCS.CoordinationV1().Leases(c.ns).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.updateLease(t, func(l *coordinationv1.Lease) {
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime, l.Spec.AcquireTime = &intruder, &dur, &now, &now
+	})
 	took := c.w.waitFor(t, settle, "former leader's label dropped", noneActive)
 	t.Logf("label dropped %v after the Lease was taken", took)
 	waitTicks(t, rs[leader], 3)
@@ -239,15 +234,10 @@ func TestLeaseLostWhileAliveDropsLabel(t *testing.T) {
 		t.Fatalf("pods %v active while the Lease belongs to someone else", a)
 	}
 	// The intruder releases: one of ours leads again.
-	l, err = c.getLease()
-	if err != nil {
-		t.Fatal(err)
-	}
 	empty, one := "", int32(1)
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &empty, &one
-	if _, err := adminCS.CoordinationV1().Leases(c.ns).Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.updateLease(t, func(l *coordinationv1.Lease) {
+		l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &empty, &one
+	})
 	c.w.waitFor(t, settle, "a replica active after the Lease was released", exactlyOneActive())
 }
 

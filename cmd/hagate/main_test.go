@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
@@ -278,6 +279,25 @@ func (c *cluster) leaseHolder() string {
 
 func (c *cluster) getLease() (*coordinationv1.Lease, error) {
 	return adminCS.CoordinationV1().Leases(c.ns).Get(context.Background(), leaseName, metav1.GetOptions{})
+}
+
+// updateLease changes the Lease as an outside writer would. The running
+// leader renews the Lease concurrently, so a read-modify-write can meet a
+// conflict; it is retried on the latest version.
+func (c *cluster) updateLease(t testing.TB, mutate func(*coordinationv1.Lease)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := c.getLease()
+		if err != nil {
+			return err
+		}
+		mutate(l)
+		_, err = adminCS.CoordinationV1().Leases(c.ns).Update(context.Background(), l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // ---- the app: a TCP listener the test opens and closes ----

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -169,10 +170,15 @@ spec:
 		return strings.Contains(routeConf("session_route_wan.conf"), "server 10.1.0.8:8000 ")
 	})
 
-	// Update the route: a new option is rendered.
-	must(t, admin.Get(ctx, client.ObjectKeyFromObject(route), route))
-	route.Spec.Nginx.Values = map[string]string{"max_body_size": "128m"}
-	must(t, admin.Update(ctx, route))
+	// Update the route: a new option is rendered. The controller writes
+	// the route's status concurrently, so the update retries on conflict.
+	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(route), route); err != nil {
+			return err
+		}
+		route.Spec.Nginx.Values = map[string]string{"max_body_size": "128m"}
+		return admin.Update(ctx, route)
+	}))
 	waitFor("the updated route rendered", func() bool {
 		return strings.Contains(routeConf("session_route_wan.conf"), "client_max_body_size 128m;")
 	})
