@@ -196,17 +196,18 @@ func (c *compilation) warnf(format string, args ...any) {
 	c.res.Warnings = append(c.res.Warnings, fmt.Sprintf(format, args...))
 }
 
-// endpoint is a parsed, canonical Endpoint.
+// endpoint is a parsed, canonical Endpoint. It holds no netip.Addr (24
+// bytes with a pointer): the render path only needs the text and the family.
 type endpoint struct {
-	addr netip.Addr
-	port int
 	ip   string // canonical text form, IPv6 without brackets
 	gpu  string // nvidia.com/gpu.product label
+	port int32
+	v6   bool
 }
 
 // appendHostPort writes ip:port, IPv6 as [ip]:port.
 func (e *endpoint) appendHostPort(b []byte) []byte {
-	if e.addr.Is6() {
+	if e.v6 {
 		b = append(b, '[')
 		b = append(b, e.ip...)
 		b = append(b, ']')
@@ -217,32 +218,44 @@ func (e *endpoint) appendHostPort(b []byte) []byte {
 	return strconv.AppendInt(b, int64(e.port), 10)
 }
 
-func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
-	a, err := netip.ParseAddr(ip)
+// parseAddr checks one endpoint and returns its address (IPv4-mapped IPv6
+// unmapped) and whether ip is already the address's canonical text.
+func parseAddr(ip string, port int32, what string) (a netip.Addr, canonical bool, err error) {
+	a, err = netip.ParseAddr(ip)
 	if err != nil {
-		return endpoint{}, fmt.Errorf("%s endpoint: bad IP %q: %w", what, ip, err)
+		return a, false, fmt.Errorf("%s endpoint: bad IP %q: %w", what, ip, err)
 	}
 	if a.Zone() != "" {
-		return endpoint{}, fmt.Errorf("%s endpoint: IP %q has a zone; only global addresses can be rendered", what, ip)
+		return a, false, fmt.Errorf("%s endpoint: IP %q has a zone; only global addresses can be rendered", what, ip)
 	}
 	if port < 1 || port > 65535 {
-		return endpoint{}, fmt.Errorf("%s endpoint %s: port %d is outside 1-65535", what, ip, port)
+		return a, false, fmt.Errorf("%s endpoint %s: port %d is outside 1-65535", what, ip, port)
 	}
+	// ParseAddr accepts only the canonical dotted form for IPv4 (no
+	// leading zeros), so an IPv4 input string is reused: no allocation.
 	if a.Is4() {
-		// ParseAddr accepts only the canonical dotted form for IPv4 (no
-		// leading zeros), so the input string is reused: no allocation.
-		return endpoint{addr: a, port: int(port), ip: ip}, nil
+		return a, true, nil
 	}
-	a = a.Unmap()
-	return endpoint{addr: a, port: int(port), ip: a.String()}, nil
+	return a.Unmap(), false, nil
+}
+
+func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
+	a, canonical, err := parseAddr(ip, port, what)
+	if err != nil {
+		return endpoint{}, err
+	}
+	if !canonical {
+		ip = a.String()
+	}
+	return endpoint{ip: ip, port: port, v6: a.Is6()}, nil
 }
 
 // normalize parses, sorts (by address, then port) and deduplicates
 // endpoints, so the output does not depend on discovery order. Sorting runs
-// on pointer-free keys (no write barriers, no netip.Compare calls): at 10,000
+// on pointer-free keys (no write barriers, no netip.Compare calls) and the
+// result is built once, in order, straight from the input: at 10,000
 // endpoints this is most of Compile's time.
 func normalize(in []Endpoint, what string) ([]endpoint, error) {
-	parsed := make([]endpoint, len(in))
 	// IPv4 endpoints (the common case) sort as packed uint64s (address,
 	// port, index), with no comparison closure; the rest (IPv6, or more
 	// endpoints than the index field holds) go through the general
@@ -250,31 +263,65 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 	pack := len(in) <= 1<<16
 	var v4 []uint64
 	var keys []sortKey
+	var text map[int]string // canonical text of inputs not written canonically (rare)
 	if pack {
 		v4 = make([]uint64, 0, len(in))
 	}
-	for i, e := range in {
-		p, err := parseEndpoint(e.IP, e.Port, what)
+	for i := range in {
+		a, canonical, err := parseAddr(in[i].IP, in[i].Port, what)
 		if err != nil {
 			return nil, err
 		}
-		p.gpu = e.GPUProduct
-		parsed[i] = p
-		if pack && p.addr.Is4() {
-			a4 := p.addr.As4()
-			v4 = append(v4, uint64(binary.BigEndian.Uint32(a4[:]))<<32|uint64(uint16(p.port))<<16|uint64(i))
+		if !canonical && a.Is4() {
+			if text == nil {
+				text = map[int]string{}
+			}
+			text[i] = a.String()
+		}
+		if pack && a.Is4() {
+			a4 := a.As4()
+			v4 = append(v4, uint64(binary.BigEndian.Uint32(a4[:]))<<32|uint64(uint16(in[i].Port))<<16|uint64(i))
 			continue
 		}
-		a16 := p.addr.As16()
+		a16 := a.As16()
 		keys = append(keys, sortKey{
 			hi:   binary.BigEndian.Uint64(a16[:8]),
 			lo:   binary.BigEndian.Uint64(a16[8:]),
-			v6:   p.addr.Is6(),
-			port: uint16(p.port),
+			v6:   a.Is6(),
+			port: uint16(in[i].Port),
 			idx:  uint32(i),
 		})
 	}
-	out := appendSortedV4(make([]endpoint, 0, len(in)), parsed, v4)
+	at := func(i int, v6 bool, hi, lo uint64) endpoint {
+		e := endpoint{ip: in[i].IP, gpu: in[i].GPUProduct, port: in[i].Port, v6: v6}
+		switch {
+		case v6:
+			var a16 [16]byte
+			binary.BigEndian.PutUint64(a16[:8], hi)
+			binary.BigEndian.PutUint64(a16[8:], lo)
+			e.ip = netip.AddrFrom16(a16).String()
+		case text != nil:
+			if t, ok := text[i]; ok {
+				e.ip = t
+			}
+		}
+		return e
+	}
+	out := make([]endpoint, 0, len(in))
+	slices.Sort(v4)
+	for i := 0; i < len(v4); {
+		// A run of the same address and port is one endpoint; the smallest
+		// GPU label wins, whatever the input order.
+		best := int(v4[i] & 0xffff)
+		j := i + 1
+		for ; j < len(v4) && v4[j]>>16 == v4[i]>>16; j++ {
+			if k := int(v4[j] & 0xffff); in[k].GPUProduct < in[best].GPUProduct {
+				best = k
+			}
+		}
+		out = append(out, at(best, false, 0, 0))
+		i = j
+	}
 	slices.SortFunc(keys, func(a, b sortKey) int {
 		// IPv4 before IPv6, as netip.Addr.Compare orders them.
 		if a.v6 != b.v6 {
@@ -293,40 +340,19 @@ func normalize(in []Endpoint, what string) ([]endpoint, error) {
 			return c
 		}
 		// Duplicates: the smallest GPU label wins, whatever the order.
-		return strings.Compare(parsed[a.idx].gpu, parsed[b.idx].gpu)
+		return strings.Compare(in[a.idx].GPUProduct, in[b.idx].GPUProduct)
 	})
 	for i, k := range keys {
 		if i > 0 && k.hi == keys[i-1].hi && k.lo == keys[i-1].lo && k.v6 == keys[i-1].v6 && k.port == keys[i-1].port {
 			continue
 		}
-		out = append(out, parsed[k.idx])
+		out = append(out, at(int(k.idx), k.v6, k.hi, k.lo))
 	}
 	return out, nil
 }
 
-// sortKey orders endpoints: address bytes, family, port.
-// appendSortedV4 appends the IPv4 endpoints whose packed keys (address,
-// port, index into parsed: each (address, port, index) fits one uint64
-// whose natural order is the wanted order) are given, sorted and
-// deduplicated exactly like the general path.
-func appendSortedV4(out, parsed []endpoint, packed []uint64) []endpoint {
-	slices.Sort(packed)
-	for i := 0; i < len(packed); {
-		// A run of the same address and port is one endpoint; the smallest
-		// GPU label wins, whatever the input order.
-		best := parsed[packed[i]&0xffff]
-		j := i + 1
-		for ; j < len(packed) && packed[j]>>16 == packed[i]>>16; j++ {
-			if g := parsed[packed[j]&0xffff].gpu; g < best.gpu {
-				best = parsed[packed[j]&0xffff]
-			}
-		}
-		out = append(out, best)
-		i = j
-	}
-	return out
-}
-
+// sortKey orders endpoints outside the packed IPv4 path: family, address
+// bytes, port.
 type sortKey struct {
 	hi, lo uint64
 	v6     bool

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -16,8 +17,11 @@ import (
 func TestNormalizeMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	gpus := []string{"", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"}
-	for round := range 200 {
+	for round := range 201 {
 		n := rng.IntN(300)
+		if round == 200 {
+			n = 1<<16 + 500 // more than the packed path's index holds: all go the general way
+		}
 		in := make([]Endpoint, n)
 		for i := range in {
 			ip := fmt.Sprintf("10.%d.%d.%d", rng.IntN(3), rng.IntN(4), rng.IntN(256))
@@ -38,26 +42,30 @@ func TestNormalizeMatchesReference(t *testing.T) {
 			t.Fatalf("round %d: %d endpoints, want %d", round, len(got), len(want))
 		}
 		for i := range got {
-			if got[i].addr != want[i].addr || got[i].port != want[i].port || got[i].gpu != want[i].gpu {
-				t.Fatalf("round %d, #%d: got %v:%d %q, want %v:%d %q", round, i,
-					got[i].addr, got[i].port, got[i].gpu, want[i].addr, want[i].port, want[i].gpu)
+			if got[i] != want[i].endpoint {
+				t.Fatalf("round %d, #%d: got %+v, want %+v", round, i, got[i], want[i].endpoint)
 			}
 		}
 	}
 }
 
-func reference(t *testing.T, in []Endpoint) []endpoint {
+type refEndpoint struct {
+	endpoint
+	addr netip.Addr
+}
+
+func reference(t *testing.T, in []Endpoint) []refEndpoint {
 	t.Helper()
-	var all []endpoint
+	var all []refEndpoint
 	for _, e := range in {
-		p, err := parseEndpoint(e.IP, e.Port, "backend")
+		a, err := netip.ParseAddr(e.IP)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.gpu = e.GPUProduct
-		all = append(all, p)
+		a = a.Unmap()
+		all = append(all, refEndpoint{endpoint{ip: a.String(), gpu: e.GPUProduct, port: e.Port, v6: a.Is6()}, a})
 	}
-	slices.SortStableFunc(all, func(a, b endpoint) int {
+	slices.SortStableFunc(all, func(a, b refEndpoint) int {
 		if c := a.addr.Compare(b.addr); c != 0 {
 			return c
 		}
@@ -66,5 +74,5 @@ func reference(t *testing.T, in []Endpoint) []endpoint {
 		}
 		return strings.Compare(a.gpu, b.gpu)
 	})
-	return slices.CompactFunc(all, func(a, b endpoint) bool { return a.addr == b.addr && a.port == b.port })
+	return slices.CompactFunc(all, func(a, b refEndpoint) bool { return a.addr == b.addr && a.port == b.port })
 }
