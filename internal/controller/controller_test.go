@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -440,4 +441,83 @@ func TestRestartWritesNothing(t *testing.T) {
 	if w, s := h2.c.cmWrites.Load()+h2.c.cmConflicts.Load(), h2.c.statusWrites.Load(); w != 0 || s != 0 {
 		t.Fatalf("restart wrote %d ConfigMaps and %d statuses; want 0 and 0", w, s)
 	}
+}
+
+// Keys a route stops rendering are removed: while the controller runs, and
+// when the change (or the deletion) happened while no controller ran, from
+// what status.outputs says was written. Nobody else's keys are touched.
+func TestStaleKeysRemovedAcrossRestarts(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "stale")
+	h := startManager(t, ns)
+	for _, m := range []string{"a", "b"} {
+		service(t, ns, m, 8000)
+		endpointSlice(t, ns, m+"-1", m, v4, 8000, up("10.7.0.1"))
+	}
+	configMap(t, ns, "routes", map[string]string{"hand.conf": "x"}, nil)
+	configMap(t, ns, "monitor", nil, nil)
+	createRoute(t, newRoute(ns, "a", "a", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "monitor"}
+	}))
+	createRoute(t, newRoute(ns, "b", "b"))
+	waitKey(t, ns, "routes", routeKey("a"), []string{host("10.7.0.1")}, nil)
+	waitKey(t, ns, "routes", routeKey("b"), []string{host("10.7.0.1")}, nil)
+	waitKey(t, ns, "monitor", "a.monitor.conf", []string{"10.7.0.1"}, nil)
+	wantOutputs := func(want ...v1alpha1.OutputKeys) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("status.outputs %v", want), func() (bool, string) {
+			got := getRoute(t, ns, "a").Status.Outputs
+			return reflect.DeepEqual(got, want), fmt.Sprint(got)
+		})
+	}
+	wantOutputs(v1alpha1.OutputKeys{ConfigMap: ns + "/monitor", Keys: []string{"a.monitor.conf"}},
+		v1alpha1.OutputKeys{ConfigMap: ns + "/routes", Keys: []string{routeKey("a")}})
+	others := func() {
+		t.Helper()
+		cm, _ := getCM(t, ns, "routes")
+		if cm.Data["hand.conf"] != "x" || !strings.Contains(cm.Data[routeKey("b")], host("10.7.0.1")) {
+			t.Fatalf("another owner's key was touched: %v", keys(cm.Data))
+		}
+	}
+	gone := func(cm, key string) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%s[%s] removed", cm, key), func() (bool, string) {
+			v, ok := cmKey(t, ns, cm, key)
+			return !ok, v
+		})
+	}
+
+	// 1. Renamed while the controller runs.
+	updateRoute(t, ns, "a", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Route = "a2" })
+	waitKey(t, ns, "routes", routeKey("a2"), []string{host("10.7.0.1")}, nil)
+	gone("routes", routeKey("a"))
+	wantOutputs(v1alpha1.OutputKeys{ConfigMap: ns + "/monitor", Keys: []string{"a.monitor.conf"}},
+		v1alpha1.OutputKeys{ConfigMap: ns + "/routes", Keys: []string{routeKey("a2")}})
+	others()
+
+	// 2. Renamed, and the monitor output dropped, while no controller runs.
+	h.stop()
+	updateRoute(t, ns, "a", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Route, r.Spec.Monitor = "a3", nil })
+	h = startManager(t, ns)
+	waitKey(t, ns, "routes", routeKey("a3"), []string{host("10.7.0.1")}, nil)
+	gone("routes", routeKey("a2"))
+	gone("monitor", "a.monitor.conf")
+	wantOutputs(v1alpha1.OutputKeys{ConfigMap: ns + "/routes", Keys: []string{routeKey("a3")}})
+	others()
+
+	// 3. Renamed and deleted while no controller runs: the finalizer
+	// removes the key that was written, not only the one the spec names.
+	h.stop()
+	updateRoute(t, ns, "a", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Route = "a4" })
+	must(t, k8s.Delete(ctx, getRoute(t, ns, "a")))
+	startManager(t, ns)
+	eventually(t, "route a gone", func() (bool, string) {
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "a"}, &v1alpha1.ModelRoute{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	cm, _ := getCM(t, ns, "routes")
+	if want := []string{"hand.conf", routeKey("b")}; !slices.Equal(keys(cm.Data), want) {
+		t.Fatalf("routes after delete: %v, want %v", keys(cm.Data), want)
+	}
+	others()
 }

@@ -101,7 +101,16 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 		now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
 	}
 	prev, known := r.owned.get(key)
-	r.owned.set(key, now)
+	if !known && len(st.route.Status.Outputs) > 0 {
+		// First reconcile in this process: what an earlier one wrote is in
+		// status (the spec may have changed while no controller ran).
+		prev, known = ownedFromStatus(st.route.Status.Outputs), true
+	}
+	// Until the stale keys are removed the route owns both sets: a failed
+	// write or removal leaves them listed, in memory and in status, for
+	// the next attempt.
+	r.owned.set(key, unionKeys(prev, now))
+	st.route.Status.Outputs = statusOutputs(unionKeys(prev, now))
 
 	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs)
 	if err != nil {
@@ -122,6 +131,8 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 			log.Info("removed keys the route no longer renders", "keys", stale)
 		}
 	}
+	r.owned.set(key, now)
+	st.route.Status.Outputs = statusOutputs(now)
 
 	written := false
 	var missing, forbidden, failed []string
@@ -169,12 +180,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	}
 	key := client.ObjectKeyFromObject(route)
 	keys := routeKeys(route)
-	if prev, ok := r.owned.get(key); ok {
-		for cm, ks := range prev {
-			for _, k := range ks {
-				if k != compiler.CartKey && !slices.Contains(keys[cm], k) {
-					keys[cm] = append(keys[cm], k)
-				}
+	// Also what this process or, across restarts, status says the route
+	// wrote: the spec may name other keys by now.
+	prev, _ := r.owned.get(key)
+	for cm, ks := range unionKeys(prev, ownedFromStatus(route.Status.Outputs)) {
+		for _, k := range ks {
+			if k != compiler.CartKey && !slices.Contains(keys[cm], k) {
+				keys[cm] = append(keys[cm], k)
 			}
 		}
 	}
@@ -231,6 +243,48 @@ func staleKeys(prev, now map[string][]string) map[string][]string {
 		return nil
 	}
 	return out
+}
+
+// unionKeys merges two ConfigMap → keys maps into a new one.
+func unionKeys(a, b map[string][]string) map[string][]string {
+	out := make(map[string][]string, len(a)+len(b))
+	for _, m := range []map[string][]string{a, b} {
+		for cm, ks := range m {
+			for _, k := range ks {
+				if !slices.Contains(out[cm], k) {
+					out[cm] = append(out[cm], k)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// statusOutputs is m in status form, sorted (so an unchanged set never
+// makes a status write).
+func statusOutputs(m map[string][]string) []v1alpha1.OutputKeys {
+	out := make([]v1alpha1.OutputKeys, 0, len(m))
+	for cm, ks := range m {
+		if len(ks) == 0 {
+			continue
+		}
+		ks = slices.Clone(ks)
+		slices.Sort(ks)
+		out = append(out, v1alpha1.OutputKeys{ConfigMap: cm, Keys: slices.Compact(ks)})
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.OutputKeys) int { return strings.Compare(a.ConfigMap, b.ConfigMap) })
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func ownedFromStatus(outs []v1alpha1.OutputKeys) map[string][]string {
+	m := make(map[string][]string, len(outs))
+	for _, o := range outs {
+		m[o.ConfigMap] = append(m[o.ConfigMap], o.Keys...)
+	}
+	return m
 }
 
 func hostPorts(eps []compiler.Endpoint) []string {

@@ -154,4 +154,17 @@ type Status struct {
 	BackendEndpoints []string `json:"backendEndpoints,omitempty"`
 	// Conditions: Ready, Reconciling, Stalled.
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Outputs lists the ConfigMap keys the route has written and not yet
+	// removed, so keys it stops rendering (a changed nginx.route, a moved
+	// outputConfigMap) are removed even when the change happened while the
+	// controller was down. Sorted by ConfigMap, then key.
+	Outputs []OutputKeys `json:"outputs,omitempty"`
+}
+
+// OutputKeys are the keys a route owns in one ConfigMap.
+type OutputKeys struct {
+	// ConfigMap is "namespace/name".
+	ConfigMap string `json:"configMap"`
+	// Keys are the data keys, sorted.
+	Keys []string `json:"keys"`
 }

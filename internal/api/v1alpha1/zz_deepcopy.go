@@ -210,6 +210,21 @@ func (in *Status) DeepCopyInto(out *Status) {
 			in.Conditions[i].DeepCopyInto(&out.Conditions[i])
 		}
 	}
+	if in.Outputs != nil {
+		out.Outputs = make([]OutputKeys, len(in.Outputs))
+		for i := range in.Outputs {
+			in.Outputs[i].DeepCopyInto(&out.Outputs[i])
+		}
+	}
+}
+
+// DeepCopyInto copies in into out.
+func (in *OutputKeys) DeepCopyInto(out *OutputKeys) {
+	*out = *in
+	if in.Keys != nil {
+		out.Keys = make([]string, len(in.Keys))
+		copy(out.Keys, in.Keys)
+	}
 }
 
 // DeepCopy returns a deep copy.
