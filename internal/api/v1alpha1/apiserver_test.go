@@ -82,6 +82,7 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 			Type: "Ready", Status: metav1.ConditionTrue, Reason: "Written",
 			Message: "outputs written", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
 		}},
+		Outputs: []v1alpha1.OutputKeys{{ConfigMap: "gw/routes", Keys: []string{"session_route_a.conf"}}},
 	}
 	wantStatus := got.Status.DeepCopy()
 	if err := c.Status().Update(ctx, &got); err != nil {
@@ -96,6 +97,7 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 	}
 	gs := list.Items[0].Status
 	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers || !reflect.DeepEqual(gs.BackendEndpoints, wantStatus.BackendEndpoints) ||
+		!reflect.DeepEqual(gs.Outputs, wantStatus.Outputs) ||
 		len(gs.Conditions) != 1 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
 		t.Errorf("stored status differs: %+v", gs)
 	}
