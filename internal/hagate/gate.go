@@ -258,12 +258,16 @@ func (g *Gate) reconcile(ctx context.Context, healthy bool, why string) error {
 			}
 			have = true
 		}
-	case have && g.electionUndecided():
+	case have && (g.electionUndecided() || g.holdsLease()):
 		// Just (re)started with the label on: our first attempt at the
 		// Lease is in flight. If we still hold it (a restarted leader
 		// keeps its identity) removing the label now would only flap the
 		// Service; if someone else holds it, the answer comes within a
 		// round trip and that leader clears our label anyway.
+		// holdsLease is asked again because the election may have decided
+		// for us since leader was read above (then electionUndecided is
+		// false already); the pass OnStartedLeading pokes fences and keeps
+		// the label.
 	case have:
 		if err := g.patchLabel(ctx, pod, false); err != nil {
 			g.setActive(true)
