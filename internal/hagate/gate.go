@@ -109,6 +109,10 @@ type Gate struct {
 
 	lastTick atomic.Int64 // unix nanos of the last finished tick, for /healthz
 
+	// afterLeaderRead (tests only) runs right after a pass has read
+	// whether it holds the Lease, to stage the election deciding mid-pass.
+	afterLeaderRead func(leader bool)
+
 	// Transition logging state (Run goroutine only).
 	logged struct {
 		init, healthy, leader, active, podErr bool
@@ -235,6 +239,9 @@ func (g *Gate) reconcile(ctx context.Context, healthy bool, why string) error {
 		g.startElection()
 	}
 	leader := g.holdsLease()
+	if g.afterLeaderRead != nil {
+		g.afterLeaderRead(leader)
+	}
 	g.logState(healthy, why, leader, terminating)
 	if pod == nil {
 		return nil
@@ -484,12 +491,16 @@ type election struct {
 }
 
 // electionUndecided is true while a just-started election has not decided
-// yet, for at most RenewDeadline: we are not the leader yet, and no answer
-// said someone else holds the Lease or our write failed. Reading our own
-// name as holder (a restarted leader) is not a decision: the renewal that
-// follows is, and until client-go records it as leadership the label stays.
+// yet, for at most RenewDeadline: no answer said someone else holds the
+// Lease or our write failed, and no write of ours succeeded. Reading our
+// own name as holder (a restarted leader) is not a decision, although
+// client-go's IsLeader turns true on that read alone: the renewal that
+// follows is the decision.
 func (g *Gate) electionUndecided() bool {
-	return g.el != nil && !g.el.le.IsLeader() && !g.el.lock.hasAnswered() && g.cfg.Clock.Since(g.el.started) < g.cfg.RenewDeadline
+	if g.el == nil || g.el.lock.hasAnswered() || g.cfg.Clock.Since(g.el.started) >= g.cfg.RenewDeadline {
+		return false
+	}
+	return !g.el.le.IsLeader() || g.el.lock.renewedAt().IsZero()
 }
 
 func (g *Gate) startElection() {
