@@ -112,6 +112,8 @@ type Gate struct {
 	// afterLeaderRead (tests only) runs right after a pass has read
 	// whether it holds the Lease, to stage the election deciding mid-pass.
 	afterLeaderRead func(leader bool)
+	// beforeLeaseWrite (tests only) runs before each Lease create/update.
+	beforeLeaseWrite func()
 
 	// Transition logging state (Run goroutine only).
 	logged struct {
@@ -510,7 +512,8 @@ func (g *Gate) startElection() {
 			Client:     g.cfg.Client.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: g.cfg.PodName},
 		},
-		clock: g.cfg.Clock,
+		clock:  g.cfg.Clock,
+		before: g.beforeLeaseWrite,
 	}
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
@@ -582,7 +585,8 @@ func (g *Gate) leaseValidUntil() (time.Time, bool) {
 // observed it earlier).
 type trackingLock struct {
 	resourcelock.Interface
-	clock clock.PassiveClock
+	clock  clock.PassiveClock
+	before func() // tests only: runs before each write
 
 	mu       sync.Mutex
 	at       time.Time
@@ -610,6 +614,9 @@ func (l *trackingLock) hasAnswered() bool {
 var _ resourcelock.Interface = (*trackingLock)(nil)
 
 func (l *trackingLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if l.before != nil {
+		l.before()
+	}
 	start := l.clock.Now()
 	err := l.Interface.Create(ctx, rec)
 	l.note(start, rec, err)
@@ -617,6 +624,9 @@ func (l *trackingLock) Create(ctx context.Context, rec resourcelock.LeaderElecti
 }
 
 func (l *trackingLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if l.before != nil {
+		l.before()
+	}
 	start := l.clock.Now()
 	err := l.Interface.Update(ctx, rec)
 	l.note(start, rec, err)

@@ -43,13 +43,17 @@ func stageMidPassDecision(t *testing.T, renewed bool) {
 		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &dur, AcquireTime: &now, RenewTime: &now}},
 	)
+	// The fake clientset holds its lock while a reactor runs, so only the
+	// Lease read is held back there (nothing else is in flight then); the
+	// renewal is held back in the gate's own lock wrapper.
 	getLease, updateLease := make(chan struct{}), make(chan struct{})
 	cs.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
 		<-getLease
 		return false, nil, nil // on to the object tracker
 	})
-	cs.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		<-updateLease
+	var patches []string
+	cs.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		patches = append(patches, string(a.(k8stesting.PatchAction).GetPatch()))
 		return false, nil, nil
 	})
 	if renewed {
@@ -61,6 +65,7 @@ func stageMidPassDecision(t *testing.T, renewed bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.beforeLeaseWrite = func() { <-updateLease }
 	defer g.stopElection()
 	staged := false
 	var once sync.Once
@@ -84,6 +89,9 @@ func stageMidPassDecision(t *testing.T, renewed bool) {
 	err = g.reconcile(ctx, true, "")
 	if !renewed {
 		close(updateLease)
+	}
+	if len(patches) > 0 {
+		t.Fatalf("the restarted leader patched its pod mid-decision (it must keep its label): %v", patches)
 	}
 	if err != nil {
 		t.Fatal(err)
