@@ -109,8 +109,9 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	// Until the stale keys are removed the route owns both sets: a failed
 	// write or removal leaves them listed, in memory and in status, for
 	// the next attempt.
-	r.owned.set(key, unionKeys(prev, now))
-	st.route.Status.Outputs = statusOutputs(unionKeys(prev, now))
+	pending := unionKeys(prev, now)
+	r.owned.set(key, pending)
+	st.route.Status.Outputs = statusOutputs(pending)
 
 	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs)
 	if err != nil {
