@@ -125,16 +125,20 @@ func (c *compilation) llmOptions() [][2]string {
 // object but carry no version or time: an upgrade or a no-op reconcile must
 // render byte-identical files.
 func (c *compilation) appendHeader(b []byte) []byte {
+	return append(c.appendHeaderLine(b, RouteKey(c.route)), '\n')
+}
+
+// appendHeaderLine writes the one-line header of the output key.
+func (c *compilation) appendHeaderLine(b []byte, key string) []byte {
 	b = append(b, "# "...)
-	b = append(b, RouteKey(c.route)...)
+	b = append(b, key...)
 	b = append(b, ": written by autoconfig from ModelRoute "...)
 	if c.route.Namespace != "" {
 		b = append(b, c.route.Namespace...)
 		b = append(b, '/')
 	}
 	b = append(b, c.route.Name...)
-	b = append(b, "; do not edit.\n\n"...)
-	return b
+	return append(b, "; do not edit.\n"...)
 }
 
 // appendServerHead opens the per-route server: it listens only on its unix

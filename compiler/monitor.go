@@ -34,15 +34,7 @@ func (c *compilation) renderMonitor(model string) []byte {
 	}
 
 	b := make([]byte, 0, 256+(80+len(model))*len(c.backends)+64*(len(c.nginxPods)+len(c.cartPods)))
-	b = append(b, "# "...)
-	b = append(b, MonitorKey(model)...)
-	b = append(b, ": written by autoconfig from ModelRoute "...)
-	if c.route.Namespace != "" {
-		b = append(b, c.route.Namespace...)
-		b = append(b, '/')
-	}
-	b = append(b, c.route.Name...)
-	b = append(b, "; do not edit.\n"...)
+	b = c.appendHeaderLine(b, MonitorKey(model))
 	for i := range c.backends {
 		b = append(b, "service: model="...)
 		b = append(b, model...)
