@@ -119,7 +119,6 @@ func TestFailureModeUnsetByteIdentical(t *testing.T) {
 // with FailClose into testdata/golden/failuremode/<route>.<mode>.txt.
 // Update with AUTOCONFIG_UPDATE=1 go test -run TestGoldenFailureModes ./compiler
 func TestGoldenFailureModes(t *testing.T) {
-	update := os.Getenv("AUTOCONFIG_UPDATE") == "1"
 	root, routes, rels, snap, base := goldenInputs(t)
 	for _, rel := range rels {
 		for _, mode := range []string{v1alpha1.FailOpen, v1alpha1.FailClose} {
@@ -128,23 +127,7 @@ func TestGoldenFailureModes(t *testing.T) {
 				r := routes[rel].DeepCopy()
 				r.Spec.FailureMode = mode
 				got := renderGolden(t, rel+" ("+mode+")", r, snap, base)
-				golden := filepath.Join(root, "testdata", "golden", "failuremode", name+".txt")
-				if update {
-					if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
-						t.Fatal(err)
-					}
-					if err := os.WriteFile(golden, got, 0o644); err != nil {
-						t.Fatal(err)
-					}
-					return
-				}
-				want, err := os.ReadFile(golden)
-				if err != nil {
-					t.Fatalf("no golden (run AUTOCONFIG_UPDATE=1 go test -run TestGoldenFailureModes ./compiler): %v", err)
-				}
-				if !bytes.Equal(got, want) {
-					t.Errorf("differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", golden, got)
-				}
+				checkGolden(t, filepath.Join(root, "testdata", "golden", "failuremode", name+".txt"), got, "TestGoldenFailureModes")
 			})
 		}
 	}

@@ -18,44 +18,11 @@ import (
 //
 //	AUTOCONFIG_UPDATE=1 go test -run TestGolden ./compiler
 func TestGolden(t *testing.T) {
-	update := os.Getenv("AUTOCONFIG_UPDATE") == "1"
-	root := repoRoot(t)
-	v, err := schema.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	snapSrc, err := os.ReadFile(filepath.Join(root, "testdata", "snapshots", "default.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := ParseSnapshot(snapSrc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := os.ReadFile(filepath.Join(root, "testdata", "snapshots", "cart-base.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []string
-	for _, dir := range []string{"deploy/samples", "testdata/routes/valid"} {
-		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
-		files = append(files, m...)
-	}
-	if len(files) < 2 {
-		t.Fatalf("found only %d valid routes", len(files))
-	}
-	for _, f := range files {
-		rel, _ := filepath.Rel(root, f)
-		golden := filepath.Join(root, "testdata", "golden", filepath.Base(filepath.Dir(f)), strings.TrimSuffix(filepath.Base(f), ".yaml")+".txt")
+	root, routes, rels, snap, base := goldenInputs(t)
+	for _, rel := range rels {
+		golden := filepath.Join(root, "testdata", "golden", filepath.Base(filepath.Dir(rel)), strings.TrimSuffix(filepath.Base(rel), ".yaml")+".txt")
 		t.Run(rel, func(t *testing.T) {
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			route, err := v.Validate(rel, src)
-			if err != nil {
-				t.Fatalf("a valid route is invalid: %v", err)
-			}
+			route := routes[rel]
 			got := renderGolden(t, rel, route, snap, base)
 			// Compiling again gives the same bytes.
 			res, _ := Compile(route, snap, Options{})
@@ -67,23 +34,30 @@ func TestGolden(t *testing.T) {
 					t.Fatalf("%s: second compile differs", o.Key)
 				}
 			}
-			if update {
-				if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(golden, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("no golden for %s (run AUTOCONFIG_UPDATE=1 go test -run TestGolden ./compiler): %v", rel, err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", rel, golden, string(got))
-			}
+			checkGolden(t, golden, got, "TestGolden")
 		})
+	}
+}
+
+// checkGolden compares got with the golden file, or rewrites the file when
+// AUTOCONFIG_UPDATE=1; test names the test that rewrites it.
+func checkGolden(t *testing.T, golden string, got []byte, test string) {
+	t.Helper()
+	if os.Getenv("AUTOCONFIG_UPDATE") == "1" {
+		if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("no golden (run AUTOCONFIG_UPDATE=1 go test -run %s ./compiler): %v", test, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("differs from %s (AUTOCONFIG_UPDATE=1 rewrites it):\n%s", golden, got)
 	}
 }
 
