@@ -1,7 +1,6 @@
 package readiness
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
@@ -9,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // fixtureRoot is the proc root of one case under <module>/testdata/proc.
@@ -40,14 +41,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // logSink records JSON log lines for assertions.
 type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *logSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
+	testbin.SyncBuffer
 }
 
 func (s *logSink) logger() *slog.Logger {
@@ -57,10 +51,8 @@ func (s *logSink) logger() *slog.Logger {
 // records returns every logged line, decoded.
 func (s *logSink) records(t *testing.T) []map[string]any {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(s.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(s.String()), "\n") {
 		if line == "" {
 			continue
 		}
@@ -99,12 +91,6 @@ func (s *logSink) only(t *testing.T, msg string) map[string]any {
 		t.Fatalf("want exactly one %q log line, got %d; log:\n%s", msg, len(found), s.String())
 	}
 	return found[0]
-}
-
-func (s *logSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 var stateMsgs = []string{MsgPresent, MsgMissing, MsgNotEnforced}
