@@ -162,7 +162,7 @@ func TestAPIMode(t *testing.T) {
 	a.update(t, map[string]string{routeFile("b"): routeConf(n, "b", "b1")})
 	s.waitCount(t, 3, "result=success")
 	reloadtest.WaitFor(t, wait, "route a to go", func() bool {
-		code, _ := fetch(t, n.URL("a"))
+		code, _ := nginxtest.Get(t, n.URL("a"))
 		return code == 502
 	})
 	if _, err := os.Lstat(filepath.Join(dir, routeFile("a"))); err == nil {

@@ -79,7 +79,7 @@ func BenchmarkConfigMapToServing(b *testing.B) {
 func waitServesB(b *testing.B, n *nginxtest.Nginx, body string, at *time.Time) {
 	deadline := time.Now().Add(wait)
 	for {
-		if _, got := fetch(b, n.URL("a")); got == body+"\n" {
+		if _, got := nginxtest.Get(b, n.URL("a")); got == body+"\n" {
 			if at != nil {
 				*at = time.Now()
 			}

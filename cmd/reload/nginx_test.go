@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -36,20 +35,9 @@ func startNginx(t *testing.T, files func(n *nginxtest.Nginx) map[string]string) 
 	return n, dir
 }
 
-func fetch(t testing.TB, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 func wantServes(t testing.TB, n *nginxtest.Nginx, route, body string) {
 	t.Helper()
-	if code, got := fetch(t, n.URL(route)); code != 200 || got != body+"\n" {
+	if code, got := nginxtest.Get(t, n.URL(route)); code != 200 || got != body+"\n" {
 		t.Fatalf("route %s: got %d %q, want 200 %q", route, code, got, body)
 	}
 }
@@ -61,7 +49,7 @@ func waitServes(t testing.TB, n *nginxtest.Nginx, route, body string) {
 	var code int
 	var got string
 	reloadtest.WaitFor(t, wait, "route "+route+" to serve "+body, func() bool {
-		code, got = fetch(t, n.URL(route))
+		code, got = nginxtest.Get(t, n.URL(route))
 		return code == 200 && got == body+"\n"
 	})
 }
@@ -106,7 +94,7 @@ func TestNginxKubeletSwaps(t *testing.T) {
 	waitServes(t, n, "c", "c1")
 	wantServes(t, n, "a", "a2")
 	reloadtest.WaitFor(t, wait, "removed route b to answer 502", func() bool {
-		code, _ := fetch(t, n.URL("b"))
+		code, _ := nginxtest.Get(t, n.URL("b"))
 		return code == http.StatusBadGateway
 	})
 	if h := hups(n) - base; h != 2 {
@@ -141,7 +129,7 @@ func TestNginxBurstGivesOneOrTwoReloads(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	reloadtest.WaitFor(t, wait, "nginx to serve v20", func() bool {
-		_, body := fetch(t, n.URL("a"))
+		_, body := nginxtest.Get(t, n.URL("a"))
 		return body == "v20\n"
 	})
 	s.waitCount(t, 1, "result=success")

@@ -173,11 +173,11 @@ func (d *demo) build(ctx context.Context) error {
 // startController runs `autoconfig controller` against the local API
 // server with health and metrics on free loopback ports.
 func (d *demo) startController(ctx context.Context, sockDir string) error {
-	hp, err := freePort()
+	hp, err := nginxtest.FreePort()
 	if err != nil {
 		return err
 	}
-	mp, err := freePort()
+	mp, err := nginxtest.FreePort()
 	if err != nil {
 		return err
 	}
@@ -246,15 +246,6 @@ func httpOK(url string) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // localIP returns a non-loopback, non-link-local address of this machine:

@@ -34,6 +34,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -149,7 +150,7 @@ func Launch(opts Options) (*Nginx, error) {
 	// it; another process may take it in between, so a bind failure retries
 	// with a new port.
 	for attempt := 0; ; attempt++ {
-		if n.port, err = freePort(); err == nil {
+		if n.port, err = FreePort(); err == nil {
 			if err = n.writeConfig(); err == nil {
 				err = n.Relaunch()
 			}
@@ -166,7 +167,8 @@ func Launch(opts Options) (*Nginx, error) {
 	}
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
@@ -525,4 +527,17 @@ func (n *Nginx) Close() error {
 		err = rmErr
 	}
 	return err
+}
+
+// Get fetches url and returns the status code and body; a transport error
+// fails the test.
+func Get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -1,7 +1,6 @@
 package nginxtest
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,17 +14,6 @@ import (
 func routeConf(n *Nginx, route, body string) string {
 	return "server {\n    listen unix:" + n.SockPath(route) + ";\n" +
 		"    location / { return 200 \"" + body + " $request_uri $http_x_real_ip\\n\"; }\n}\n"
-}
-
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 func TestNginxLifecycle(t *testing.T) {
@@ -45,7 +33,7 @@ func TestNginxLifecycle(t *testing.T) {
 	}
 
 	// An unknown route has no socket: 502.
-	if code, _ := get(t, n.URL("a")+"x"); code != http.StatusBadGateway {
+	if code, _ := Get(t, n.URL("a")+"x"); code != http.StatusBadGateway {
 		t.Fatalf("unknown route: got %d, want 502", code)
 	}
 
@@ -61,7 +49,7 @@ func TestNginxLifecycle(t *testing.T) {
 	if slices.Equal(n.WorkerPIDs(), workers) {
 		t.Fatalf("workers unchanged after reload: %v", workers)
 	}
-	code, body := get(t, n.URL("a")+"v2/x?y=1")
+	code, body := Get(t, n.URL("a")+"v2/x?y=1")
 	if code != 200 || body != "route-a /a/v2/x?y=1 127.0.0.1\n" {
 		t.Fatalf("route a: got %d %q", code, body)
 	}
@@ -76,7 +64,7 @@ func TestNginxLifecycle(t *testing.T) {
 	if err := n.Reload(); err == nil {
 		t.Fatal("Reload reported success on a broken configuration")
 	}
-	if code, _ := get(t, n.URL("a")+"x"); code != 200 {
+	if code, _ := Get(t, n.URL("a")+"x"); code != 200 {
 		t.Fatalf("old configuration stopped serving: %d", code)
 	}
 	os.Remove(filepath.Join(n.RoutesDir(), "session_route_b.conf"))
@@ -95,7 +83,7 @@ func TestNginxLifecycle(t *testing.T) {
 	if err := n.Relaunch(); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := get(t, n.URL("a")+"x"); code != 200 {
+	if code, _ := Get(t, n.URL("a")+"x"); code != 200 {
 		t.Fatalf("after relaunch: %d", code)
 	}
 	// A graceful stop removes the sockets.
