@@ -184,13 +184,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	// Also what this process or, across restarts, status says the route
 	// wrote: the spec may name other keys by now.
 	prev, _ := r.owned.get(key)
-	for cm, ks := range unionKeys(prev, ownedFromStatus(route.Status.Outputs)) {
-		for _, k := range ks {
-			if k != compiler.CartKey && !slices.Contains(keys[cm], k) {
-				keys[cm] = append(keys[cm], k)
-			}
-		}
-	}
+	keys = unionKeys(keys, staleKeys(unionKeys(prev, ownedFromStatus(route.Status.Outputs)), keys))
 	outcomes, err := r.writer.Remove(ctx, route.Namespace, keys)
 	if err != nil {
 		return fmt.Errorf("remove route keys: %w", err)
