@@ -24,6 +24,7 @@ envtest: ## build kube-apiserver + etcd for envtest (cached; ~5 min cold)
 	bash hack/envtest.sh
 
 generate: ## regenerate every generated file
+	$(GO) tool deepcopy-gen --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go ./schema/routespec ./schema/v1alpha1
 	$(GO) run ./cmd/autoconfig crd > $(CRD_FILE).tmp && mv $(CRD_FILE).tmp $(CRD_FILE)
 	@if [ -d deploy/helm/autoconfig/crds ]; then cp $(CRD_FILE) deploy/helm/autoconfig/crds/; fi
 	$(GO) run ./cmd/autoconfig crd --reference > docs/reference.md
@@ -38,7 +39,7 @@ vet:
 verify: generate ## fail on drift: generated files, go.mod tidiness, gofmt
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) mod tidy -diff
-	@git diff --exit-code -- deploy testdata docs/reference.md || { echo "generated files drifted: run make generate and commit"; exit 1; }
+	@git diff --exit-code -- deploy testdata docs/reference.md schema || { echo "generated files drifted: run make generate and commit"; exit 1; }
 
 unit:
 	$(GO) test -count=1 -timeout 40m ./...

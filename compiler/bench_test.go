@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // benchSnapshot has n backends (IPv4, a few IPv6) in discovery order that is
@@ -26,14 +26,14 @@ func benchSnapshot(n int) Snapshot {
 	return s
 }
 
-func benchLLMRoute() *v1alpha1.ModelRoute {
+func benchLLMRoute() *Route {
 	r := llmRoute("qwen", map[string]string{"tps_limit_tps": "30", "default_max": "64", "health_probe_path": "/v1/models"},
-		v1alpha1.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true},
-		v1alpha1.Peer{Use: "backend", Priority: 2, MaxConcurrency: 100},
-		v1alpha1.Peer{Use: "backend-svc", Priority: 1})
-	r.Spec.Cart = &v1alpha1.Cart{Discovery: v1alpha1.Discovery{Service: "qwen-cart"}, OutputConfigMap: "qwen-cart-config", MaxLoad: 20}
-	r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "monitoring/monitor-conf", Model: "Qwen/Qwen2.5-72B-Instruct"}
-	r.Spec.SLO = &v1alpha1.SLO{TTFTMs: 2000, DecodeTokensPerSecond: 20}
+		routespec.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true},
+		routespec.Peer{Use: "backend", Priority: 2, MaxConcurrency: 100},
+		routespec.Peer{Use: "backend-svc", Priority: 1})
+	r.Spec.Cart = &routespec.Cart{Discovery: routespec.Discovery{Service: "qwen-cart"}, OutputConfigMap: "qwen-cart-config", MaxLoad: 20}
+	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "monitoring/monitor-conf", Model: "Qwen/Qwen2.5-72B-Instruct"}
+	r.Spec.SLO = &routespec.SLO{TTFTMs: 2000, DecodeTokensPerSecond: 20}
 	return r
 }
 
@@ -54,7 +54,7 @@ func BenchmarkCompile(b *testing.B) {
 	for _, n := range []int{10, 1000} {
 		r := videoRoute("wan-video", map[string]string{"rate_limit": "200Mbps", "upload_conn_limit": "4", "upload_req_limit": "10r/s",
 			"upload_req_burst": "20", "api_keys": "sk-video-1,sk-video-2"},
-			v1alpha1.Peer{Use: "backend", Priority: 2}, v1alpha1.Peer{Use: "backend-svc", Priority: 1})
+			routespec.Peer{Use: "backend", Priority: 2}, routespec.Peer{Use: "backend-svc", Priority: 1})
 		s := benchSnapshot(n)
 		b.Run(fmt.Sprintf("video-%d", n), func(b *testing.B) {
 			b.ReportAllocs()

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // DefaultSockDir is where the openresty image's dispatch server expects the
@@ -56,9 +56,20 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
+// Route is what the compiler reads of a ModelRoute: its name, its
+// namespace and its spec, validated and defaulted by the schema
+// (schema.Validator). The compiler takes no Kubernetes object, so it
+// depends on neither apimachinery nor CUE: a caller holding a
+// v1alpha1.ModelRoute passes its name, namespace and spec.
+type Route struct {
+	Name      string
+	Namespace string
+	Spec      routespec.Spec
+}
+
 // RouteName is the route's short name: spec.nginx.route, or metadata.name
 // when the route was not defaulted.
-func RouteName(route *v1alpha1.ModelRoute) string {
+func RouteName(route *Route) string {
 	if route.Spec.Nginx.Route != "" {
 		return route.Spec.Nginx.Route
 	}
@@ -67,7 +78,7 @@ func RouteName(route *v1alpha1.ModelRoute) string {
 
 // RouteKey is the key of the route's file in the openresty ConfigMap:
 // session_route_<route>.conf.
-func RouteKey(route *v1alpha1.ModelRoute) string {
+func RouteKey(route *Route) string {
 	return "session_route_" + RouteName(route) + ".conf"
 }
 
@@ -81,17 +92,44 @@ func MonitorKey(model string) string {
 	return strings.ReplaceAll(model, "/", "_") + ".monitor.conf"
 }
 
+// MonitorModel is the served model name of spec.monitor: monitor.model,
+// or metadata.name when it is not set.
+func MonitorModel(route *Route) string {
+	if m := route.Spec.Monitor; m != nil && m.Model != "" {
+		return m.Model
+	}
+	return route.Name
+}
+
 // ResolveRef resolves a name or ns/name reference against the route's
-// namespace ("default" when the route has none, as kubectl does).
-func ResolveRef(route *v1alpha1.ModelRoute, ref string) string {
-	if strings.Contains(ref, "/") {
-		return ref
+// namespace (routespec.RefKey).
+func ResolveRef(route *Route, ref string) string {
+	return routespec.RefKey(ref, route.Namespace)
+}
+
+// OwnedKey is one ConfigMap key a route writes.
+type OwnedKey struct {
+	// ConfigMap is "namespace/name".
+	ConfigMap string
+	// Key is the data key.
+	Key string
+}
+
+// OwnedKeys are the keys the route's spec renders alone, computed from the
+// spec without validation or endpoints, so even a route whose spec became
+// invalid can be cleaned up: the route file and the monitor file. The
+// CART config.yaml is not included: it is the whole per-model file of the
+// CART chart, rewritten in part, never removed. Compile's outputs use the
+// same names.
+func OwnedKeys(route *Route) []OwnedKey {
+	var out []OwnedKey
+	if cm := route.Spec.Nginx.OutputConfigMap; cm != "" {
+		out = append(out, OwnedKey{ResolveRef(route, cm), RouteKey(route)})
 	}
-	ns := route.Namespace
-	if ns == "" {
-		ns = "default"
+	if m := route.Spec.Monitor; m != nil && m.OutputConfigMap != "" {
+		out = append(out, OwnedKey{ResolveRef(route, m.OutputConfigMap), MonitorKey(MonitorModel(route))})
 	}
-	return ns + "/" + ref
+	return out
 }
 
 // Compile renders every output the route owns from a validated, defaulted
@@ -102,7 +140,7 @@ func ResolveRef(route *v1alpha1.ModelRoute, ref string) string {
 // It fails with ErrNoBackends when the snapshot has no backends, and on
 // malformed endpoints (bad IP, port outside 1–65535): nothing is rendered
 // from data that would break a consumer.
-func Compile(route *v1alpha1.ModelRoute, snap Snapshot, opts Options) (Result, error) {
+func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 	var res Result
 	if route == nil {
 		return res, errors.New("nil route")
@@ -136,7 +174,7 @@ func Compile(route *v1alpha1.ModelRoute, snap Snapshot, opts Options) (Result, e
 	}
 
 	var conf []byte
-	if route.Spec.ModelType == v1alpha1.ModelTypeVideo {
+	if route.Spec.ModelType == routespec.ModelTypeVideo {
 		conf, err = c.renderVideo()
 	} else {
 		conf, err = c.renderLLM()
@@ -160,10 +198,7 @@ func Compile(route *v1alpha1.ModelRoute, snap Snapshot, opts Options) (Result, e
 		})
 	}
 	if mon := route.Spec.Monitor; mon != nil {
-		model := mon.Model
-		if model == "" {
-			model = route.Name
-		}
+		model := MonitorModel(route)
 		res.Outputs = append(res.Outputs, Output{
 			ConfigMap: ResolveRef(route, mon.OutputConfigMap),
 			Key:       MonitorKey(model),
@@ -181,7 +216,7 @@ func constant(b []byte) func([]byte) ([]byte, error) {
 
 // compilation carries one Compile call's normalized inputs.
 type compilation struct {
-	route      *v1alpha1.ModelRoute
+	route      *Route
 	name       string
 	opts       Options
 	res        *Result

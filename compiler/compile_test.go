@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // TestNoClientDeps keeps the compiler pure: no Kubernetes client, no
@@ -46,10 +46,10 @@ const cartBase = "# chart\nserver:\n  port: 9000 # port\nworkers: [] # filled by
 // TestDeterministic: shuffled and duplicated endpoints render the same bytes.
 func TestDeterministic(t *testing.T) {
 	r := llmRoute("m", map[string]string{"default_max": "8", "b": "2", "a": "1"},
-		v1alpha1.Peer{Use: "backend", Priority: 2, MaxConcurrency: 4},
-		v1alpha1.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true})
-	r.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "ns2/cart", MaxLoad: 7}
-	r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "mon", Model: "org/m"}
+		routespec.Peer{Use: "backend", Priority: 2, MaxConcurrency: 4},
+		routespec.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true})
+	r.Spec.Cart = &routespec.Cart{OutputConfigMap: "ns2/cart", MaxLoad: 7}
+	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "mon", Model: "org/m"}
 	snap := benchSnapshot(50)
 	want := renderAll(t, mustCompile(t, r, snap), []byte(cartBase))
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -70,7 +70,7 @@ func TestDeterministic(t *testing.T) {
 	}
 }
 
-func mustCompile(t testing.TB, r *v1alpha1.ModelRoute, s Snapshot) Result {
+func mustCompile(t testing.TB, r *Route, s Snapshot) Result {
 	t.Helper()
 	res, err := Compile(r, s, Options{})
 	if err != nil {
@@ -80,7 +80,7 @@ func mustCompile(t testing.TB, r *v1alpha1.ModelRoute, s Snapshot) Result {
 }
 
 func TestCompileErrorsAndWarnings(t *testing.T) {
-	r := llmRoute("m", nil, v1alpha1.Peer{Use: "backend", Priority: 2}, v1alpha1.Peer{Use: "backend-svc", Priority: 1})
+	r := llmRoute("m", nil, routespec.Peer{Use: "backend", Priority: 2}, routespec.Peer{Use: "backend-svc", Priority: 1})
 	if _, err := Compile(r, Snapshot{}, Options{}); !errors.Is(err, ErrNoBackends) {
 		t.Errorf("empty backends: %v, want ErrNoBackends", err)
 	}
@@ -92,7 +92,7 @@ func TestCompileErrorsAndWarnings(t *testing.T) {
 	if _, err := Compile(r, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 80}}}, Options{SockDir: "/x; y"}); err == nil {
 		t.Error("sock dir with ';' accepted")
 	}
-	bad := llmRoute("Bad;", nil, v1alpha1.Peer{Use: "backend", Priority: 2})
+	bad := llmRoute("Bad;", nil, routespec.Peer{Use: "backend", Priority: 2})
 	if _, err := Compile(bad, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 80}}}, Options{}); err == nil {
 		t.Error("route name with ';' accepted")
 	}
@@ -102,14 +102,14 @@ func TestCompileErrorsAndWarnings(t *testing.T) {
 		t.Errorf("warnings %q", res.Warnings)
 	}
 	// Selector mode: skipped even if a VIP is given.
-	r.Spec.Discovery = v1alpha1.Discovery{Selector: "app=m"}
+	r.Spec.Discovery = routespec.Discovery{Selector: "app=m"}
 	res = mustCompile(t, r, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 80}}, BackendService: &ServiceVIP{IP: "10.96.0.1", Port: 80}})
 	conf, _ := res.Outputs[0].Render(nil)
 	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "selector") || bytes.Contains(conf, []byte("10.96.0.1")) {
 		t.Errorf("selector mode: warnings %q", res.Warnings)
 	}
 	// Only a tier that cannot render: ErrNoPeers.
-	only := llmRoute("m", nil, v1alpha1.Peer{Use: "backend-svc", Priority: 1})
+	only := llmRoute("m", nil, routespec.Peer{Use: "backend-svc", Priority: 1})
 	if _, err := Compile(only, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 80}}}, Options{}); !errors.Is(err, ErrNoPeers) {
 		t.Errorf("no renderable tier: %v", err)
 	}
@@ -163,8 +163,8 @@ func TestShortGPU(t *testing.T) {
 }
 
 func TestMonitor(t *testing.T) {
-	r := llmRoute("m", nil, v1alpha1.Peer{Use: "backend", Priority: 2})
-	r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "mon/conf", Model: "org/model"}
+	r := llmRoute("m", nil, routespec.Peer{Use: "backend", Priority: 2})
+	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "mon/conf", Model: "org/model"}
 	snap := Snapshot{
 		Backends: []Endpoint{
 			{IP: "10.0.0.2", Port: 80, GPUProduct: "NVIDIA-A100-SXM4-80GB"},
@@ -189,7 +189,7 @@ func TestMonitor(t *testing.T) {
 	}
 	// Explicit switches and gpuType win; router lines with spec.cart.
 	f, tr := false, true
-	r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "conf", GPUType: "H20", Nginx: &f, Router: &tr}
+	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "conf", GPUType: "H20", Nginx: &f, Router: &tr}
 	got, _ = mustCompile(t, r, snap).Outputs[1].Render(nil)
 	if !strings.Contains(string(got), "gpu=H20 endpoint=10.0.0.1:80\n") || strings.Contains(string(got), "nginx:") ||
 		!strings.Contains(string(got), "router: url=http://10.2.0.1:9000/workers\n") {

@@ -3,7 +3,7 @@ package compiler
 import (
 	"slices"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // Failure-mode options of register_route (docs/lua-contract.md, "Failure
@@ -44,8 +44,8 @@ var failOpenOptions = [][2]string{
 	{OptEjectionSeconds, "10"},
 }
 
-func (c *compilation) failOpen() bool  { return c.route.Spec.FailureMode == v1alpha1.FailOpen }
-func (c *compilation) failClose() bool { return c.route.Spec.FailureMode == v1alpha1.FailClose }
+func (c *compilation) failOpen() bool  { return c.route.Spec.FailureMode == routespec.FailOpen }
+func (c *compilation) failClose() bool { return c.route.Spec.FailureMode == routespec.FailClose }
 
 // applyFailureMode adjusts the tiers resolved from spec.nginx.peers:
 //
@@ -63,7 +63,7 @@ func (c *compilation) applyFailureMode(out []tier, llm bool, defaultMax int64) [
 	case c.failClose():
 		lowestCart, hasCart := int32(0), false
 		for _, p := range peers {
-			if p.Use == v1alpha1.UseCart && (!hasCart || p.Priority < lowestCart) {
+			if p.Use == routespec.UseCart && (!hasCart || p.Priority < lowestCart) {
 				lowestCart, hasCart = p.Priority, true
 			}
 		}
@@ -72,7 +72,7 @@ func (c *compilation) applyFailureMode(out []tier, llm bool, defaultMax int64) [
 		}
 		kept := out[:0:0]
 		for _, t := range out {
-			if t.use != v1alpha1.UseCart && t.priority < lowestCart {
+			if t.use != routespec.UseCart && t.priority < lowestCart {
 				c.warnf("failureMode FailClose: the %s tier (priority %d) is below the cart tier and is not rendered, so requests fail rather than bypass a down cart; remove it or set failureMode: FailOpen", t.use, t.priority)
 				continue
 			}
@@ -88,7 +88,7 @@ func (c *compilation) applyFailureMode(out []tier, llm bool, defaultMax int64) [
 			lowest = min(lowest, p.Priority)
 		}
 		listed := func(use string) bool {
-			return slices.ContainsFunc(peers, func(p v1alpha1.Peer) bool { return p.Use == use })
+			return slices.ContainsFunc(peers, func(p routespec.Peer) bool { return p.Use == use })
 		}
 		added := func(use string, peers []endpoint) tier {
 			lowest--
@@ -99,12 +99,12 @@ func (c *compilation) applyFailureMode(out []tier, llm bool, defaultMax int64) [
 			}
 			return t
 		}
-		if !listed(v1alpha1.UseBackend) {
-			out = append(out, added(v1alpha1.UseBackend, c.backends))
+		if !listed(routespec.UseBackend) {
+			out = append(out, added(routespec.UseBackend, c.backends))
 		}
-		if !listed(v1alpha1.UseBackendSvc) {
+		if !listed(routespec.UseBackendSvc) {
 			if c.backendSvc != nil {
-				out = append(out, added(v1alpha1.UseBackendSvc, []endpoint{*c.backendSvc}))
+				out = append(out, added(routespec.UseBackendSvc, []endpoint{*c.backendSvc}))
 			} else {
 				c.warnf("failureMode FailOpen: no backend Service VIP in the snapshot (%s), so the static last-resort tier is not rendered; the backend pod-IP tier still bypasses the picker", c.noVIPReason())
 			}
@@ -139,7 +139,7 @@ func (c *compilation) failureModeOptions(out [][2]string) [][2]string {
 	} else {
 		out = append(out, [2]string{OptFailureMode, mode})
 	}
-	if mode == v1alpha1.FailOpen {
+	if mode == routespec.FailOpen {
 		for _, kv := range failOpenOptions {
 			if has(kv[0]) < 0 {
 				out = append(out, kv)

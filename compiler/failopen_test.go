@@ -10,13 +10,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
 // goldenInputs loads the valid routes (validated), the default snapshot and
 // the CART base config, as TestGolden uses them.
-func goldenInputs(t *testing.T) (root string, routes map[string]*v1alpha1.ModelRoute, rels []string, snap Snapshot, base []byte) {
+func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []string, snap Snapshot, base []byte) {
 	t.Helper()
 	root = repoRoot(t)
 	v, err := schema.Default()
@@ -33,7 +33,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*v1alpha1.ModelR
 	if base, err = os.ReadFile(filepath.Join(root, "testdata", "snapshots", "cart-base.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	routes = map[string]*v1alpha1.ModelRoute{}
+	routes = map[string]*Route{}
 	for _, dir := range []string{"deploy/samples", "testdata/routes/valid"} {
 		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
 		for _, f := range m {
@@ -46,7 +46,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*v1alpha1.ModelR
 			if err != nil {
 				t.Fatalf("a valid route is invalid: %v", err)
 			}
-			routes[rel] = r
+			routes[rel] = &Route{Name: r.Name, Namespace: r.Namespace, Spec: r.Spec}
 			rels = append(rels, rel)
 		}
 	}
@@ -58,7 +58,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*v1alpha1.ModelR
 }
 
 // renderGolden renders a route in TestGolden's golden format.
-func renderGolden(t *testing.T, rel string, route *v1alpha1.ModelRoute, snap Snapshot, base []byte) []byte {
+func renderGolden(t *testing.T, rel string, route *Route, snap Snapshot, base []byte) []byte {
 	t.Helper()
 	res, err := Compile(route, snap, Options{})
 	if err != nil {
@@ -93,7 +93,7 @@ func TestFailureModeUnsetByteIdentical(t *testing.T) {
 	frozen := 0
 	for _, rel := range rels {
 		t.Run(rel, func(t *testing.T) {
-			r := routes[rel].DeepCopy()
+			r := clone(routes[rel])
 			name := strings.TrimSuffix(filepath.Base(rel), ".yaml")
 			golden := filepath.Join(root, "testdata", "golden", filepath.Base(filepath.Dir(rel)), name+".txt")
 			if r.Spec.FailureMode != "" {
@@ -121,10 +121,10 @@ func TestFailureModeUnsetByteIdentical(t *testing.T) {
 func TestGoldenFailureModes(t *testing.T) {
 	root, routes, rels, snap, base := goldenInputs(t)
 	for _, rel := range rels {
-		for _, mode := range []string{v1alpha1.FailOpen, v1alpha1.FailClose} {
+		for _, mode := range []string{routespec.FailOpen, routespec.FailClose} {
 			name := strings.TrimSuffix(filepath.Base(rel), ".yaml") + "." + mode
 			t.Run(name, func(t *testing.T) {
-				r := routes[rel].DeepCopy()
+				r := clone(routes[rel])
 				r.Spec.FailureMode = mode
 				got := renderGolden(t, rel+" ("+mode+")", r, snap, base)
 				checkGolden(t, filepath.Join(root, "testdata", "golden", "failuremode", name+".txt"), got, "TestGoldenFailureModes")
@@ -134,7 +134,7 @@ func TestGoldenFailureModes(t *testing.T) {
 }
 
 // tierSummary is use@priority for each rendered tier.
-func tierSummary(t *testing.T, r *v1alpha1.ModelRoute, snap Snapshot) ([]string, []string) {
+func tierSummary(t *testing.T, r *Route, snap Snapshot) ([]string, []string) {
 	t.Helper()
 	c := compilation{route: r, name: RouteName(r), res: &Result{}}
 	var err error
@@ -147,7 +147,7 @@ func tierSummary(t *testing.T, r *v1alpha1.ModelRoute, snap Snapshot) ([]string,
 	if c.cartSvc, err = normalizeVIP(snap.CartService, "cart service"); err != nil {
 		t.Fatal(err)
 	}
-	tiers, err := c.tiers(r.Spec.ModelType != v1alpha1.ModelTypeVideo)
+	tiers, err := c.tiers(r.Spec.ModelType != routespec.ModelTypeVideo)
 	if err != nil {
 		return []string{"error: " + err.Error()}, c.res.Warnings
 	}
@@ -160,9 +160,9 @@ func tierSummary(t *testing.T, r *v1alpha1.ModelRoute, snap Snapshot) ([]string,
 
 // TestFailureModeTiers pins the tier rules of docs/failure-modes.md.
 func TestFailureModeTiers(t *testing.T) {
-	cart := v1alpha1.Peer{Use: "cart", Priority: 3}
-	be := v1alpha1.Peer{Use: "backend", Priority: 2}
-	svc := v1alpha1.Peer{Use: "backend-svc", Priority: 1}
+	cart := routespec.Peer{Use: "cart", Priority: 3}
+	be := routespec.Peer{Use: "backend", Priority: 2}
+	svc := routespec.Peer{Use: "backend-svc", Priority: 1}
 	full := Snapshot{
 		Backends:       []Endpoint{{IP: "10.0.0.1", Port: 8000}, {IP: "10.0.0.2", Port: 8000}},
 		BackendService: &ServiceVIP{IP: "10.96.0.10", Port: 8000},
@@ -176,32 +176,32 @@ func TestFailureModeTiers(t *testing.T) {
 		name     string
 		mode     string
 		selector bool
-		peers    []v1alpha1.Peer
+		peers    []routespec.Peer
 		snap     Snapshot
 		want     []string
 		warn     string
 	}{
-		{"unset lists cart only", "", false, []v1alpha1.Peer{cart}, full, []string{"cart@3"}, ""},
-		{"FailClose lists cart only", "FailClose", false, []v1alpha1.Peer{cart}, full, []string{"cart@3"}, ""},
-		{"FailOpen adds pool and VIP below cart", "FailOpen", false, []v1alpha1.Peer{cart}, full, []string{"cart@3", "backend@2", "backend-svc@1"}, ""},
-		{"FailOpen keeps listed tiers as listed", "FailOpen", false, []v1alpha1.Peer{cart, be, svc}, full, []string{"cart@3", "backend@2", "backend-svc@1"}, ""},
-		{"FailOpen appends below the lowest listed tier", "FailOpen", false, []v1alpha1.Peer{cart, svc}, full, []string{"cart@3", "backend-svc@1", "backend@0"}, ""},
-		{"FailOpen from priority 0 goes negative", "FailOpen", false, []v1alpha1.Peer{{Use: "cart", Priority: 0}}, full, []string{"cart@0", "backend@-1", "backend-svc@-2"}, ""},
-		{"FailOpen without a VIP warns", "FailOpen", false, []v1alpha1.Peer{cart}, noVIP, []string{"cart@3", "backend@2"}, "no backend Service VIP"},
-		{"FailOpen selector mode uses the fallback VIP", "FailOpen", true, []v1alpha1.Peer{be, svc}, full, []string{"backend@2", "backend-svc@1"}, ""},
-		{"FailOpen selector mode before the fallback exists", "FailOpen", true, []v1alpha1.Peer{be}, noVIP, []string{"backend@2"}, "fallback Service has no ClusterIP yet"},
-		{"unset selector mode ignores a VIP", "", true, []v1alpha1.Peer{be, svc}, full, []string{"backend@2"}, "discovery uses a selector"},
-		{"FailClose drops tiers below cart", "FailClose", false, []v1alpha1.Peer{cart, be, svc}, full, []string{"cart@3"}, "below the cart tier and is not rendered"},
-		{"FailClose keeps tiers at cart's priority", "FailClose", false, []v1alpha1.Peer{cart, {Use: "backend", Priority: 3}}, full, []string{"cart@3", "backend@3"}, ""},
-		{"FailClose without cart keeps every tier", "FailClose", false, []v1alpha1.Peer{be, svc}, full, []string{"backend@2", "backend-svc@1"}, ""},
-		{"FailClose with cart not renderable has no tier", "FailClose", false, []v1alpha1.Peer{cart, be}, noCart, []string{"error: " + ErrNoPeers.Error()}, "below the cart tier"},
-		{"FailOpen with cart not renderable still serves", "FailOpen", false, []v1alpha1.Peer{cart}, noCart, []string{"backend@2", "backend-svc@1"}, "use: cart"},
+		{"unset lists cart only", "", false, []routespec.Peer{cart}, full, []string{"cart@3"}, ""},
+		{"FailClose lists cart only", "FailClose", false, []routespec.Peer{cart}, full, []string{"cart@3"}, ""},
+		{"FailOpen adds pool and VIP below cart", "FailOpen", false, []routespec.Peer{cart}, full, []string{"cart@3", "backend@2", "backend-svc@1"}, ""},
+		{"FailOpen keeps listed tiers as listed", "FailOpen", false, []routespec.Peer{cart, be, svc}, full, []string{"cart@3", "backend@2", "backend-svc@1"}, ""},
+		{"FailOpen appends below the lowest listed tier", "FailOpen", false, []routespec.Peer{cart, svc}, full, []string{"cart@3", "backend-svc@1", "backend@0"}, ""},
+		{"FailOpen from priority 0 goes negative", "FailOpen", false, []routespec.Peer{{Use: "cart", Priority: 0}}, full, []string{"cart@0", "backend@-1", "backend-svc@-2"}, ""},
+		{"FailOpen without a VIP warns", "FailOpen", false, []routespec.Peer{cart}, noVIP, []string{"cart@3", "backend@2"}, "no backend Service VIP"},
+		{"FailOpen selector mode uses the fallback VIP", "FailOpen", true, []routespec.Peer{be, svc}, full, []string{"backend@2", "backend-svc@1"}, ""},
+		{"FailOpen selector mode before the fallback exists", "FailOpen", true, []routespec.Peer{be}, noVIP, []string{"backend@2"}, "fallback Service has no ClusterIP yet"},
+		{"unset selector mode ignores a VIP", "", true, []routespec.Peer{be, svc}, full, []string{"backend@2"}, "discovery uses a selector"},
+		{"FailClose drops tiers below cart", "FailClose", false, []routespec.Peer{cart, be, svc}, full, []string{"cart@3"}, "below the cart tier and is not rendered"},
+		{"FailClose keeps tiers at cart's priority", "FailClose", false, []routespec.Peer{cart, {Use: "backend", Priority: 3}}, full, []string{"cart@3", "backend@3"}, ""},
+		{"FailClose without cart keeps every tier", "FailClose", false, []routespec.Peer{be, svc}, full, []string{"backend@2", "backend-svc@1"}, ""},
+		{"FailClose with cart not renderable has no tier", "FailClose", false, []routespec.Peer{cart, be}, noCart, []string{"error: " + ErrNoPeers.Error()}, "below the cart tier"},
+		{"FailOpen with cart not renderable still serves", "FailOpen", false, []routespec.Peer{cart}, noCart, []string{"backend@2", "backend-svc@1"}, "use: cart"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := llmRoute("m", nil, tc.peers...)
 			r.Spec.FailureMode = tc.mode
 			if tc.selector {
-				r.Spec.Discovery = v1alpha1.Discovery{Selector: "app=m"}
+				r.Spec.Discovery = routespec.Discovery{Selector: "app=m"}
 			}
 			got, warns := tierSummary(t, r, tc.snap)
 			if !reflect.DeepEqual(got, tc.want) {
@@ -220,7 +220,7 @@ func TestFailureModeTiers(t *testing.T) {
 // nothing.
 func TestFailureModeOptions(t *testing.T) {
 	opts := func(mode string, values map[string]string) (map[string]string, []string) {
-		r := llmRoute("m", values, v1alpha1.Peer{Use: "backend", Priority: 2})
+		r := llmRoute("m", values, routespec.Peer{Use: "backend", Priority: 2})
 		r.Spec.FailureMode = mode
 		c := compilation{route: r, res: &Result{}}
 		m := map[string]string{}

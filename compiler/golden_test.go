@@ -84,10 +84,11 @@ func TestNginxLoadsValidRoutes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		route, err := v.Validate(f, src)
+		obj, err := v.Validate(f, src)
 		if err != nil {
 			t.Fatal(err)
 		}
+		route := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
 		name := RouteName(route)
 		if routes[name] {
 			continue // two corpus files may use one route name

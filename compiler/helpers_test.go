@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 )
 
@@ -22,13 +22,13 @@ func repoRoot(t testing.TB) string {
 }
 
 // llmRoute builds a defaulted llm route as the schema would return it.
-func llmRoute(name string, values map[string]string, peers ...v1alpha1.Peer) *v1alpha1.ModelRoute {
-	r := &v1alpha1.ModelRoute{}
+func llmRoute(name string, values map[string]string, peers ...routespec.Peer) *Route {
+	r := &Route{}
 	r.Name, r.Namespace = name, "llm-route"
-	r.Spec = v1alpha1.Spec{
-		ModelType: v1alpha1.ModelTypeLLM,
-		Discovery: v1alpha1.Discovery{Service: "llm/" + name},
-		Nginx: v1alpha1.Nginx{
+	r.Spec = routespec.Spec{
+		ModelType: routespec.ModelTypeLLM,
+		Discovery: routespec.Discovery{Service: "llm/" + name},
+		Nginx: routespec.Nginx{
 			Route:           name,
 			Peers:           peers,
 			OutputConfigMap: "openresty-conf",
@@ -39,9 +39,9 @@ func llmRoute(name string, values map[string]string, peers ...v1alpha1.Peer) *v1
 }
 
 // videoRoute builds a defaulted video route.
-func videoRoute(name string, values map[string]string, peers ...v1alpha1.Peer) *v1alpha1.ModelRoute {
+func videoRoute(name string, values map[string]string, peers ...routespec.Peer) *Route {
 	r := llmRoute(name, nil, peers...)
-	r.Spec.ModelType = v1alpha1.ModelTypeVideo
+	r.Spec.ModelType = routespec.ModelTypeVideo
 	v := map[string]string{}
 	for k, x := range videoDefaults {
 		v[k] = x
@@ -63,7 +63,7 @@ func startNginx(t *testing.T) *nginxtest.Nginx {
 
 // install compiles route against snap for n's socket dir, writes the route
 // file and reloads nginx.
-func install(t *testing.T, n *nginxtest.Nginx, route *v1alpha1.ModelRoute, snap Snapshot) Result {
+func install(t *testing.T, n *nginxtest.Nginx, route *Route, snap Snapshot) Result {
 	t.Helper()
 	res, err := Compile(route, snap, Options{SockDir: n.SockDir()})
 	if err != nil {
@@ -117,4 +117,11 @@ func readAll(t *testing.T, resp *http.Response) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// clone is a deep copy of r, so a test can change it freely.
+func clone(r *Route) *Route {
+	c := *r
+	r.Spec.DeepCopyInto(&c.Spec)
+	return &c
 }

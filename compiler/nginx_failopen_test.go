@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 )
 
@@ -103,12 +103,12 @@ func stubPeers(t *testing.T, url string) []stubPeer {
 	return out
 }
 
-func withMode(r *v1alpha1.ModelRoute, mode string) *v1alpha1.ModelRoute {
+func withMode(r *Route, mode string) *Route {
 	r.Spec.FailureMode = mode
 	return r
 }
 
-var cartTier = v1alpha1.Peer{Use: "cart", Priority: 3}
+var cartTier = routespec.Peer{Use: "cart", Priority: 3}
 
 // TestNginxLLMFailOpenPickerDown: the cart tier is dead (its VIP refuses
 // connections). FailOpen serves every request through the pool tiers the
@@ -123,11 +123,11 @@ func TestNginxLLMFailOpenPickerDown(t *testing.T) {
 		CartService:    &ServiceVIP{IP: "127.0.0.1", Port: refusingPort(t)},
 	}
 	open := llmRoute("open", nil, cartTier)
-	open.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "cart-conf"}
-	closed := open.DeepCopy()
+	open.Spec.Cart = &routespec.Cart{OutputConfigMap: "cart-conf"}
+	closed := clone(open)
 	closed.Name, closed.Spec.Nginx.Route = "closed", "closed"
-	install(t, n, withMode(open, v1alpha1.FailOpen), snap)
-	install(t, n, withMode(closed, v1alpha1.FailClose), snap)
+	install(t, n, withMode(open, routespec.FailOpen), snap)
+	install(t, n, withMode(closed, routespec.FailClose), snap)
 
 	fails, bodies := hammer(t, n.URL("open")+"v1/chat", hammerRequests)
 	t.Logf("FailOpen, cart dead: %d/%d client failures, served by %v", fails, hammerRequests, bodies)
@@ -162,11 +162,11 @@ func TestNginxLLMFailOpenRefusingEndpoint(t *testing.T) {
 	withCart := snap
 	withCart.CartService = &ServiceVIP{IP: "127.0.0.1", Port: refusingPort(t)}
 
-	install(t, n, withMode(llmRoute("pool-open", nil, backendTier), v1alpha1.FailOpen), snap)
-	install(t, n, withMode(llmRoute("pool-closed", nil, backendTier), v1alpha1.FailClose), snap)
+	install(t, n, withMode(llmRoute("pool-open", nil, backendTier), routespec.FailOpen), snap)
+	install(t, n, withMode(llmRoute("pool-closed", nil, backendTier), routespec.FailClose), snap)
 	cartOpen := llmRoute("cart-open", nil, cartTier, backendTier)
-	cartOpen.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "cart-conf"}
-	install(t, n, withMode(cartOpen, v1alpha1.FailOpen), withCart)
+	cartOpen.Spec.Cart = &routespec.Cart{OutputConfigMap: "cart-conf"}
+	install(t, n, withMode(cartOpen, routespec.FailOpen), withCart)
 
 	for _, tc := range []struct {
 		route string
@@ -204,7 +204,7 @@ func TestNginxLLMFailOpenEjectionCap(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		eps = append(eps, Endpoint{IP: "127.0.0.1", Port: refusingPort(t)})
 	}
-	install(t, n, withMode(llmRoute("cap", nil, backendTier), v1alpha1.FailOpen), Snapshot{Backends: eps})
+	install(t, n, withMode(llmRoute("cap", nil, backendTier), routespec.FailOpen), Snapshot{Backends: eps})
 	hammer(t, n.URL("cap")+"v1/chat", hammerRequests)
 	ejected, refusing := 0, 0
 	for _, p := range stubPeers(t, n.URL("cap")) {
@@ -230,7 +230,7 @@ func TestNginxLLMFailOpen503NotEjected(t *testing.T) {
 		io.WriteString(w, "overloaded")
 	})
 	ok := newBackend(t, text("ok"))
-	install(t, n, withMode(llmRoute("busy", nil, backendTier), v1alpha1.FailOpen),
+	install(t, n, withMode(llmRoute("busy", nil, backendTier), routespec.FailOpen),
 		Snapshot{Backends: []Endpoint{busy.endpoint(t), ok.endpoint(t)}})
 	fails, bodies := hammer(t, n.URL("busy")+"v1/chat", 60)
 	if int64(fails) != busy.hits.Load() || bodies["ok"] != int(ok.hits.Load()) || busy.hits.Load() < 20 {
@@ -254,8 +254,8 @@ func TestNginxVideoFailOpen(t *testing.T) {
 	a, b := newBackend(t, text("pod-a")), newBackend(t, text("pod-b"))
 	deadVIP := &ServiceVIP{IP: "127.0.0.1", Port: refusingPort(t)}
 	snap := Snapshot{Backends: []Endpoint{a.endpoint(t), b.endpoint(t)}, BackendService: deadVIP}
-	install(t, n, withMode(videoRoute("vopen", nil, svcTier), v1alpha1.FailOpen), snap)
-	install(t, n, withMode(videoRoute("vclosed", nil, svcTier), v1alpha1.FailClose), snap)
+	install(t, n, withMode(videoRoute("vopen", nil, svcTier), routespec.FailOpen), snap)
+	install(t, n, withMode(videoRoute("vclosed", nil, svcTier), routespec.FailClose), snap)
 	fails, bodies := hammer(t, n.URL("vopen")+"v2/video_generation", hammerRequests)
 	t.Logf("video FailOpen, listed VIP tier dead: %d/%d client failures, served by %v", fails, hammerRequests, bodies)
 	if fails != 0 || bodies["pod-a"] == 0 || bodies["pod-b"] == 0 {
@@ -270,9 +270,9 @@ func TestNginxVideoFailOpen(t *testing.T) {
 	busy := newBackend(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) })
 	dead := Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}
 	pool := Snapshot{Backends: []Endpoint{a.endpoint(t), b.endpoint(t), dead}}
-	install(t, n, withMode(videoRoute("vpool-open", nil, backendTier), v1alpha1.FailOpen), pool)
-	install(t, n, withMode(videoRoute("vpool-closed", nil, backendTier), v1alpha1.FailClose), pool)
-	install(t, n, withMode(videoRoute("vbusy", nil, backendTier), v1alpha1.FailOpen),
+	install(t, n, withMode(videoRoute("vpool-open", nil, backendTier), routespec.FailOpen), pool)
+	install(t, n, withMode(videoRoute("vpool-closed", nil, backendTier), routespec.FailClose), pool)
+	install(t, n, withMode(videoRoute("vbusy", nil, backendTier), routespec.FailOpen),
 		Snapshot{Backends: []Endpoint{a.endpoint(t), busy.endpoint(t)}})
 	for _, route := range []string{"vpool-open", "vpool-closed"} {
 		fails, bodies := hammer(t, n.URL(route)+"v2/video_generation", hammerRequests)
@@ -326,12 +326,12 @@ func TestNginxFailOpenHeadersCannotSteer(t *testing.T) {
 	deadCart := snap
 	deadCart.CartService = &ServiceVIP{IP: "127.0.0.1", Port: refusingPort(t)}
 	up := llmRoute("llm-up", nil, cartTier)
-	up.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "cart-conf"}
-	down := up.DeepCopy()
+	up.Spec.Cart = &routespec.Cart{OutputConfigMap: "cart-conf"}
+	down := clone(up)
 	down.Name, down.Spec.Nginx.Route = "llm-down", "llm-down"
-	install(t, n, withMode(up, v1alpha1.FailOpen), snap)
-	install(t, n, withMode(down, v1alpha1.FailOpen), deadCart)
-	install(t, n, withMode(videoRoute("vid", nil, backendTier), v1alpha1.FailOpen), snap)
+	install(t, n, withMode(up, routespec.FailOpen), snap)
+	install(t, n, withMode(down, routespec.FailOpen), deadCart)
+	install(t, n, withMode(videoRoute("vid", nil, backendTier), routespec.FailOpen), snap)
 
 	hdr := steeringHeaders(outside.Listener.Addr().String())
 	want := map[string]string{"llm-up": "cart", "llm-down": "pod", "vid": "pod"}

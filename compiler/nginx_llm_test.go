@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // hostileStrings break naive escaping in lua, in nginx's lexer, or both.
@@ -132,12 +132,12 @@ func TestNginxLLMRegistration(t *testing.T) {
 		"quote":             `he said "hi"; } # $host ]]`,
 	}
 	r := llmRoute("qwen.v2", values,
-		v1alpha1.Peer{Use: "backend-svc", Priority: 1},
-		v1alpha1.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true},
-		v1alpha1.Peer{Use: "backend", Priority: 2, MaxConcurrency: 100, ProbePath: "/ping"},
+		routespec.Peer{Use: "backend-svc", Priority: 1},
+		routespec.Peer{Use: "cart", Priority: 3, MaxConcurrencyFromBackend: true},
+		routespec.Peer{Use: "backend", Priority: 2, MaxConcurrency: 100, ProbePath: "/ping"},
 	)
-	r.Spec.Cart = &v1alpha1.Cart{OutputConfigMap: "cart-conf", MaxLoad: 20}
-	r.Spec.SLO = &v1alpha1.SLO{TTFTMs: 2000, DecodeTokensPerSecond: 20}
+	r.Spec.Cart = &routespec.Cart{OutputConfigMap: "cart-conf", MaxLoad: 20}
+	r.Spec.SLO = &routespec.SLO{TTFTMs: 2000, DecodeTokensPerSecond: 20}
 	snap := Snapshot{
 		Backends: []Endpoint{
 			{IP: "10.0.0.12", Port: 8000}, {IP: "fd00::1", Port: 8000}, {IP: "10.0.0.3", Port: 8001},
@@ -204,7 +204,7 @@ func TestNginxLLMHostileValues(t *testing.T) {
 	for i, s := range randomHostile(1, 200) {
 		values[fmt.Sprintf("r%03d", i)] = s
 	}
-	r := llmRoute("hostile", values, v1alpha1.Peer{Use: "backend", Priority: 2, ProbePath: "/" + allBytes()})
+	r := llmRoute("hostile", values, routespec.Peer{Use: "backend", Priority: 2, ProbePath: "/" + allBytes()})
 	install(t, n, r, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000}}})
 	_, options, tiers, _ := registered(t, n.URL("hostile"))
 	if len(options) != len(values) {

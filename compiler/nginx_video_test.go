@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // backend is a local test backend that counts and records requests.
@@ -83,8 +83,8 @@ func do(t *testing.T, c *http.Client, method, url string, hdr map[string]string,
 }
 
 var (
-	backendTier = v1alpha1.Peer{Use: "backend", Priority: 2}
-	svcTier     = v1alpha1.Peer{Use: "backend-svc", Priority: 1}
+	backendTier = routespec.Peer{Use: "backend", Priority: 2}
+	svcTier     = routespec.Peer{Use: "backend-svc", Priority: 1}
 )
 
 // TestNginxVideoFailover: refused connections move on to another peer

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // tier is one rendered peer group.
@@ -26,7 +26,7 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 	spec := c.route.Spec
 	var backendLimit int64
 	for _, p := range spec.Nginx.Peers {
-		if p.Use == v1alpha1.UseBackend {
+		if p.Use == routespec.UseBackend {
 			backendLimit = int64(p.MaxConcurrency)
 		}
 	}
@@ -45,7 +45,7 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 	for i, p := range spec.Nginx.Peers {
 		t := tier{use: p.Use, priority: p.Priority, maxConc: int64(p.MaxConcurrency), probe: p.ProbePath}
 		switch p.Use {
-		case v1alpha1.UseCart:
+		case routespec.UseCart:
 			if c.cartSvc == nil {
 				c.warnf("spec.nginx.peers[%d] (use: cart) skipped: the CART Service has no ClusterIP in the snapshot", i)
 				continue
@@ -57,9 +57,9 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 			if t.probe == "" {
 				t.probe = "/health"
 			}
-		case v1alpha1.UseBackend:
+		case routespec.UseBackend:
 			t.peers = c.backends
-		case v1alpha1.UseBackendSvc:
+		case routespec.UseBackendSvc:
 			// A FailOpen route in selector mode gets the controller-owned
 			// fallback Service's VIP (docs/failure-modes.md).
 			if spec.Discovery.Service == "" && !(c.failOpen() && c.backendSvc != nil) {

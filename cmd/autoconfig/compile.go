@@ -110,7 +110,7 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", o.endpoints, err))
 	}
-	res, err := compiler.Compile(route, snap, compiler.Options{SockDir: o.sockDir})
+	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, snap, compiler.Options{SockDir: o.sockDir})
 	if err != nil {
 		return fail(err)
 	}

@@ -26,9 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // Finalizer removes the route's keys from the output ConfigMaps before the
@@ -50,7 +50,7 @@ type Validator interface {
 }
 
 // CompileFunc renders a route (compiler.Compile).
-type CompileFunc func(*v1alpha1.ModelRoute, compiler.Snapshot, compiler.Options) (compiler.Result, error)
+type CompileFunc func(*compiler.Route, compiler.Snapshot, compiler.Options) (compiler.Result, error)
 
 // Reconciler reconciles ModelRoutes. Dependencies are fields so tests can
 // count writes (a wrapping Client) or use another validator.

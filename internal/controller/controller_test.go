@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 const v4, v6 = discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6

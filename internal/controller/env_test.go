@@ -10,8 +10,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // One real apiserver + etcd per package, the generated CRD installed once

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"slices"
 	"strings"
 	"sync"
@@ -15,10 +16,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // reconcileSpec validates and defaults the spec, once per generation.
@@ -77,7 +78,7 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (bool, err
 	if compile == nil {
 		compile = compiler.Compile
 	}
-	res, err := compile(st.spec, st.snap, r.CompileOptions)
+	res, err := compile(compilerRoute(st.spec), st.snap, r.CompileOptions)
 	if errors.Is(err, compiler.ErrNoBackends) {
 		markWaiting(st.route, ReasonNoBackends, err.Error())
 		return true, nil
@@ -202,25 +203,21 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	return nil
 }
 
-// routeKeys are the keys a route's spec owns, computed from the spec alone
-// (no validation, no endpoints), so even a route whose spec became invalid
-// can be cleaned up. The CART config.yaml is not included (see
-// reconcileDelete).
+// routeKeys are the keys a route's spec owns (compiler.OwnedKeys: from the
+// spec alone, no validation, no endpoints), so even a route whose spec
+// became invalid can be cleaned up. The CART config.yaml is not included
+// (see reconcileDelete).
 func routeKeys(route *v1alpha1.ModelRoute) map[string][]string {
 	keys := map[string][]string{}
-	if route.Spec.Nginx.OutputConfigMap != "" {
-		cm := compiler.ResolveRef(route, route.Spec.Nginx.OutputConfigMap)
-		keys[cm] = append(keys[cm], compiler.RouteKey(route))
-	}
-	if m := route.Spec.Monitor; m != nil && m.OutputConfigMap != "" {
-		model := m.Model
-		if model == "" {
-			model = route.Name
-		}
-		cm := compiler.ResolveRef(route, m.OutputConfigMap)
-		keys[cm] = append(keys[cm], compiler.MonitorKey(model))
+	for _, k := range compiler.OwnedKeys(compilerRoute(route)) {
+		keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
 	}
 	return keys
+}
+
+// compilerRoute is the compiler's view of a route.
+func compilerRoute(route *v1alpha1.ModelRoute) *compiler.Route {
+	return &compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}
 }
 
 // staleKeys are keys in prev that now does not render. The CART
@@ -300,7 +297,7 @@ func readyWord(d v1alpha1.Discovery) string {
 func discoverySource(route *v1alpha1.ModelRoute) string {
 	d := route.Spec.Discovery
 	if d.Service != "" {
-		return "Service " + discovery.Key(d.Service, route.Namespace)
+		return "Service " + routespec.RefKey(d.Service, route.Namespace)
 	}
 	return fmt.Sprintf("pods %q in %s", d.Selector, route.Namespace)
 }

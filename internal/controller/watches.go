@@ -20,9 +20,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // CacheOptions are the manager cache options the controller needs: managed

@@ -8,11 +8,11 @@ import (
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
 )
 
-// TestGoTypesMatchCRD: the Go types (internal/api/v1alpha1) and the CRD
+// TestGoTypesMatchCRD: the Go types (schema/v1alpha1) and the CRD
 // generated from CUE have the same fields with the same types at every
 // level of spec, and every field the CRD requires is always encoded by Go
 // (no omitempty), so a typed client never sends an object the API server

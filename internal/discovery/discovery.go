@@ -35,22 +35,6 @@ const DispatchPortName = "dispatch"
 // from the entry Service.
 const DefaultDispatchPort = 8080
 
-// SplitRef splits a reference "ns/name" or "name"; a bare name lives in
-// defaultNS (the ModelRoute's namespace).
-func SplitRef(ref, defaultNS string) (ns, name string) {
-	if i := strings.IndexByte(ref, '/'); i >= 0 {
-		return ref[:i], ref[i+1:]
-	}
-	return defaultNS, ref
-}
-
-// Key resolves ref against defaultNS and returns "ns/name", the form every
-// index in this package uses.
-func Key(ref, defaultNS string) string {
-	ns, name := SplitRef(ref, defaultNS)
-	return ns + "/" + name
-}
-
 // PortError says that a backend port cannot be derived; the route needs an
 // explicit port. Field is the spec path to set.
 type PortError struct {

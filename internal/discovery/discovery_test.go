@@ -240,12 +240,3 @@ func TestStripPod(t *testing.T) {
 		t.Fatalf("stripped pod discovers differently: %+v vs %+v (%v)", got, want, err)
 	}
 }
-
-func TestSplitRef(t *testing.T) {
-	if ns, n := SplitRef("llm/qwen", "x"); ns != "llm" || n != "qwen" {
-		t.Fatal(ns, n)
-	}
-	if k := Key("qwen", "llm-route"); k != "llm-route/qwen" {
-		t.Fatal(k)
-	}
-}

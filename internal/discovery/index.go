@@ -3,13 +3,14 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // Field index keys registered on the manager's cache. Events on watched
@@ -65,7 +66,7 @@ func uniqueKeys(ns string, refs ...string) []string {
 		if ref == "" {
 			continue
 		}
-		if k := Key(ref, ns); !slices.Contains(out, k) {
+		if k := routespec.RefKey(ref, ns); !slices.Contains(out, k) {
 			out = append(out, k)
 		}
 	}

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -13,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // Reader builds a route's Snapshot from a client.Reader, normally the
@@ -58,7 +59,7 @@ func (r *Reader) endpoints(ctx context.Context, ns string, d v1alpha1.Discovery,
 		eps, err := FromPods(pods, o)
 		return eps, nil, err
 	}
-	sns, name := SplitRef(d.Service, ns)
+	sns, name := routespec.SplitRef(d.Service, ns)
 	items, err := r.slices(ctx, sns, name)
 	if err != nil {
 		return nil, nil, err
@@ -87,7 +88,7 @@ func (r *Reader) entry(ctx context.Context, route *v1alpha1.ModelRoute) ([]compi
 	n := route.Spec.Nginx
 	switch {
 	case n.Service != "":
-		sns, name := SplitRef(n.Service, route.Namespace)
+		sns, name := routespec.SplitRef(n.Service, route.Namespace)
 		items, err := r.slices(ctx, sns, name)
 		if err != nil {
 			return nil, err

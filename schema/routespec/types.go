@@ -1,22 +1,8 @@
-// Package v1alpha1 holds the Go types of the ModelRoute resource
-// (routing.modelsphere.dev/v1alpha1). The CUE schema in schema/ is the
-// source of truth for fields, defaults and rules; these types mirror it and
-// schema's tests prove they decode every field the schema can produce.
-//
-// A Spec is meaningful to the compiler only after schema validation has
-// filled its defaults (route name, priorities, video values, ...).
-package v1alpha1
+package routespec
 
-import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+import "strings"
 
 const (
-	// Group, Version and Kind of the resource.
-	Group   = "routing.modelsphere.dev"
-	Version = "v1alpha1"
-	Kind    = "ModelRoute"
-	// APIVersion is Group/Version.
-	APIVersion = Group + "/" + Version
-
 	// ModelTypeLLM renders the lua routing engine registration.
 	ModelTypeLLM = "llm"
 	// ModelTypeVideo renders a plain reverse proxy.
@@ -32,23 +18,7 @@ const (
 	FailClose = "FailClose"
 )
 
-// ModelRoute says how one model is routed.
-type ModelRoute struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata,omitempty"`
-
-	Spec   Spec   `json:"spec"`
-	Status Status `json:"status,omitempty"`
-}
-
-// ModelRouteList is a list of ModelRoutes.
-type ModelRouteList struct {
-	metav1.TypeMeta `json:",inline"`
-	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []ModelRoute `json:"items"`
-}
-
-// Spec is spec of a ModelRoute.
+// Spec is the spec of a ModelRoute.
 type Spec struct {
 	// ModelType is llm (default) or video.
 	ModelType string `json:"modelType,omitempty"`
@@ -142,29 +112,23 @@ type SLO struct {
 	DecodeTokensPerSecond int32 `json:"decodeTokensPerSecond,omitempty"`
 }
 
-// Status is what the controller observed.
-type Status struct {
-	// ObservedGeneration is the generation the status describes.
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Backends is the number of backend endpoints written.
-	Backends int32 `json:"backends"`
-	// CartPeers is the number of CART endpoints discovered.
-	CartPeers int32 `json:"cartPeers"`
-	// BackendEndpoints lists the written backend endpoints (ip:port).
-	BackendEndpoints []string `json:"backendEndpoints,omitempty"`
-	// Conditions: Ready, Reconciling, Stalled.
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
-	// Outputs lists the ConfigMap keys the route has written and not yet
-	// removed, so keys it stops rendering (a changed nginx.route, a moved
-	// outputConfigMap) are removed even when the change happened while the
-	// controller was down. Sorted by ConfigMap, then key.
-	Outputs []OutputKeys `json:"outputs,omitempty"`
+// SplitRef resolves a reference "ns/name" or "name" against namespace (the
+// ModelRoute's): a bare name lives in the route's namespace, and a route
+// without a namespace (a file given to the CLI) is in "default", as kubectl
+// does. Every reference in a spec (Services, output ConfigMaps) resolves
+// here.
+func SplitRef(ref, namespace string) (ns, name string) {
+	if i := strings.IndexByte(ref, '/'); i >= 0 {
+		return ref[:i], ref[i+1:]
+	}
+	if namespace == "" {
+		namespace = "default"
+	}
+	return namespace, ref
 }
 
-// OutputKeys are the keys a route owns in one ConfigMap.
-type OutputKeys struct {
-	// ConfigMap is "namespace/name".
-	ConfigMap string `json:"configMap"`
-	// Keys are the data keys, sorted.
-	Keys []string `json:"keys"`
+// RefKey resolves ref like SplitRef and returns "ns/name".
+func RefKey(ref, namespace string) string {
+	ns, name := SplitRef(ref, namespace)
+	return ns + "/" + name
 }

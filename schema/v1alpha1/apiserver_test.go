@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // TestRoundTripThroughAPIServer stores the LLM sample with a typed client

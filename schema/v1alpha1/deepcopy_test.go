@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/randfill"
 
-	"github.com/modelsphere/autoconfig/internal/api/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // TestDeepCopyIsDeep fills every field (no nils, non-empty slices and
