@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // goldenInputs loads the valid routes (validated), the default snapshot and

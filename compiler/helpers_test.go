@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // repoRoot is the module root (tests run in compiler/).

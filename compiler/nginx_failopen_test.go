@@ -12,8 +12,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // The real-nginx tests of docs/failure-modes.md: the video route (stock

@@ -21,9 +21,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 func init() {

@@ -20,9 +20,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // TestReconcileAsServiceAccount runs the real reconciler with leader

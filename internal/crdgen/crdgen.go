@@ -26,8 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 const (

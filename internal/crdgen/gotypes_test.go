@@ -8,8 +8,8 @@ import (
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // TestGoTypesMatchCRD: the Go types (schema/v1alpha1) and the CRD
