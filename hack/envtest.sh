@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds a real kube-apiserver and etcd from the Go module proxy for envtest
-# (see ../shared/FACTS.md). Idempotent: binaries are cached in $ENVTEST_DIR
-# (default .cache/envtest/<k8s version>) and rebuilt only when missing.
+# Builds a real kube-apiserver and etcd from the Go module proxy for envtest:
+# no prebuilt envtest archive is downloaded, only Go modules (k8s.io/kubernetes
+# with its staging modules replaced by the published ones, and etcd).
+# Idempotent: binaries are cached in $ENVTEST_DIR (default
+# .cache/envtest/<k8s version>) and rebuilt only when missing.
 # Prints the directory to use as KUBEBUILDER_ASSETS on its last line.
 set -euo pipefail
 

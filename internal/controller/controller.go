@@ -2,7 +2,7 @@
 // compile them with the validated spec, write the outputs into the
 // consumers' ConfigMaps, report status.
 //
-// Reconcile shape (STYLE habit 7): get (ignore not-found) → deferred status
+// Reconcile shape: get (ignore not-found) → deferred status
 // patch → ordered small steps, each of which may stop the chain. Spec errors
 // that retrying cannot fix end in a condition, an event and
 // reconcile.TerminalError; everything that waits on the cluster (no
