@@ -132,7 +132,7 @@ func Execute(c *Command, args []string, pio IO) int {
 	}
 	var usage *UsageError
 	if errors.As(err, &usage) {
-		fmt.Fprintf(pio.Stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), err, cmd.CommandPath())
+		fmt.Fprintf(pio.Stderr, "%s: %v\nUsage: %s\nRun '%s --help' for more.\n", cmd.CommandPath(), err, cmd.UseLine(), cmd.CommandPath())
 		return 2
 	}
 	fmt.Fprintf(pio.Stderr, "%s: %v\n", cmd.CommandPath(), err)
