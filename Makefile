@@ -6,8 +6,8 @@ BIN         := bin
 ENVTEST_DIR := $(CURDIR)/.cache/envtest/v1.37.2
 export KUBEBUILDER_ASSETS ?= $(ENVTEST_DIR)
 # Packages whose tests also run under the race detector (shared state:
-# the compiled schema, the readiness cache, the reload debouncer, hagate).
-RACE_PKGS   := ./schema/... ./internal/readiness/... ./cmd/readyz/... ./internal/reload/... ./compiler/...
+# the compiled schema, the readiness cache and readyz, the reload debouncer, hagate).
+RACE_PKGS   := ./schema/... ./internal/readiness/... ./internal/readyz/... ./cmd/readyz/... ./internal/reload/... ./compiler/...
 CRD_FILE    := deploy/crds/routing.modelsphere.dev_modelroutes.yaml
 
 .PHONY: all build test verify generate deps envtest demo clean fmt vet unit race
