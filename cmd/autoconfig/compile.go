@@ -3,18 +3,41 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 
+	"github.com/spf13/pflag"
+
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
-func init() {
-	commands["compile"] = command{summary: "render a route's outputs from a route file and an endpoint snapshot", run: runCompile}
+func compileCommand() *cli.Command {
+	o := &compileOptions{}
+	return &cli.Command{
+		Use:   "compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
+		Short: "render a route's outputs from a route file and an endpoint snapshot",
+		Long: `
+Validates ROUTE with the embedded schema (the same errors as autoconfig vet),
+then renders every output the route owns from files alone, exactly as the
+controller would write them:
+  <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)
+  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)
+  <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)
+Without -o each output is printed to stdout after a header line
+"==> namespace/configmap/key <=="; with -o it is written to
+DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to
+stderr. The snapshot format and the output formats are in docs/outputs.md.
+Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.
+`,
+		Options: o,
+		Run: func(_ context.Context, c *cli.Call) error {
+			return runCompile(o, c.Stdin, c.Stdout, c.Stderr)
+		},
+	}
 }
 
 // compileOptions are the flags of `autoconfig compile`.
@@ -26,10 +49,10 @@ type compileOptions struct {
 	sockDir   string
 }
 
-func (o *compileOptions) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.route, "f", "", "ModelRoute YAML file (one document; - for stdin)")
-	fs.StringVar(&o.endpoints, "endpoints", "", "endpoint snapshot YAML file (format: docs/outputs.md)")
-	fs.StringVar(&o.outDir, "o", "", "write each output to DIR/<namespace>/<configmap>/<key> instead of stdout")
+func (o *compileOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVarP(&o.route, "file", "f", "", "ModelRoute YAML file `ROUTE` (one document; - for stdin)")
+	fs.StringVar(&o.endpoints, "endpoints", "", "endpoint snapshot YAML file `SNAPSHOT` (format: docs/outputs.md)")
+	fs.StringVarP(&o.outDir, "output-dir", "o", "", "write each output to `DIR`/<namespace>/<configmap>/<key> instead of stdout")
 	fs.StringVar(&o.baseCart, "base-cart", "", "the CART chart's config.yaml whose workers section is rewritten (required when the route sets spec.cart)")
 	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image")
 }
@@ -47,49 +70,16 @@ func (o *compileOptions) Validate() error {
 	return nil
 }
 
-func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var o compileOptions
-	fs, code, ok := parseFlags("compile", args, stderr, joinLines(
-		"Usage: autoconfig compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
-		"",
-		"Validates ROUTE with the embedded schema (the same errors as autoconfig vet),",
-		"then renders every output the route owns from files alone, exactly as the",
-		"controller would write them:",
-		"  <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)",
-		"  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)",
-		"  <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)",
-		"Without -o each output is printed to stdout after a header line",
-		"\"==> namespace/configmap/key <==\"; with -o it is written to",
-		"DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to",
-		"stderr. The snapshot format and the output formats are in docs/outputs.md.",
-		"Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.",
-		"",
-		"Flags:"), o.AddFlags)
-	if !ok {
-		return code
-	}
-	if err := o.Validate(); err != nil {
-		fmt.Fprintf(stderr, "autoconfig compile: %v\n", err)
-		fs.Usage()
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "autoconfig compile: unexpected arguments %q\n", fs.Args())
-		fs.Usage()
-		return 2
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "autoconfig compile: %v\n", err)
-		return 1
-	}
-
+// runCompile renders the outputs of o.route; an invalid route is reported
+// and the result is exit status 1.
+func runCompile(o *compileOptions, stdin io.Reader, stdout, stderr io.Writer) error {
 	src, name, err := readInput(o.route, stdin)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	v, err := schema.Default()
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	route, err := v.Validate(name, src)
 	if err != nil {
@@ -98,21 +88,21 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 			for _, p := range inv.Problems {
 				fmt.Fprintln(stderr, p.String())
 			}
-			return 1
+			return cli.ExitCode(1)
 		}
-		return fail(err)
+		return err
 	}
 	snapSrc, _, err := readInput(o.endpoints, stdin)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	snap, err := compiler.ParseSnapshot(snapSrc)
 	if err != nil {
-		return fail(fmt.Errorf("%s: %w", o.endpoints, err))
+		return fmt.Errorf("%s: %w", o.endpoints, err)
 	}
 	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, snap, compiler.Options{SockDir: o.sockDir})
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	for _, w := range res.Warnings {
 		fmt.Fprintf(stderr, "autoconfig compile: warning: %s\n", w)
@@ -124,14 +114,14 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 		var current []byte
 		if out.Key == compiler.CartKey && route.Spec.Cart != nil {
 			if o.baseCart == "" {
-				return fail(fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)"))
+				return fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)")
 			}
 			if current, err = os.ReadFile(o.baseCart); err != nil {
-				return fail(err)
+				return err
 			}
 		}
 		if rendered[i], err = out.Render(current); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	for i, out := range res.Outputs {
@@ -146,12 +136,12 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 		}
 		path := filepath.Join(o.outDir, filepath.FromSlash(loc))
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return fail(err)
+			return err
 		}
 		if err := os.WriteFile(path, rendered[i], 0o644); err != nil {
-			return fail(err)
+			return err
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", path)
 	}
-	return 0
+	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -13,11 +12,33 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
-func init() {
-	commands["vet"] = command{summary: "validate ModelRoute YAML files, directories or stdin (-)", run: runVet}
+func vetCommand() *cli.Command {
+	o := &vetOptions{}
+	return &cli.Command{
+		Use:   "vet [--output text|json] FILE|DIR|- ...",
+		Short: "validate ModelRoute YAML files, directories or stdin (-)",
+		Long: `
+Validates ModelRoute YAML against the embedded CUE schema: multi-document
+files, directories (every *.yaml / *.yml below them) and stdin (-).
+Each problem is printed as file:line: field.path: message.
+Exit status: 0 all valid, 1 any invalid, 2 usage error.
+
+The same verdict without this binary:
+  cue vet -c ./schema/ route.yaml -d '#ModelRoute'
+`,
+		Options: o,
+		Args:    cobra.ArbitraryArgs,
+		Run: func(_ context.Context, c *cli.Call) error {
+			return runVet(o, c.Args, c.Stdin, c.Stdout, c.Stderr)
+		},
+	}
 }
 
 // vetOptions are the flags of `autoconfig vet`.
@@ -25,7 +46,7 @@ type vetOptions struct {
 	output string
 }
 
-func (o *vetOptions) AddFlags(fs *flag.FlagSet) {
+func (o *vetOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.output, "output", "text", "output format: text or json")
 }
 
@@ -45,49 +66,26 @@ type vetResult struct {
 	Problems []schema.Problem `json:"problems,omitempty"`
 }
 
-func runVet(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	var o vetOptions
-	fs, code, ok := parseFlags("vet", args, stderr, joinLines(
-		"Usage: autoconfig vet [--output text|json] FILE|DIR|- ...",
-		"",
-		"Validates ModelRoute YAML against the embedded CUE schema: multi-document",
-		"files, directories (every *.yaml / *.yml below them) and stdin (-).",
-		"Each problem is printed as file:line: field.path: message.",
-		"Exit status: 0 all valid, 1 any invalid, 2 usage error.",
-		"",
-		"The same verdict without this binary:",
-		"  cue vet -c ./schema/ route.yaml -d '#ModelRoute'",
-		"",
-		"Flags:"), o.AddFlags)
-	if !ok {
-		return code
+// runVet validates the inputs named by args; every invalid document is
+// reported and the result is exit status 1.
+func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return cli.Usagef("name at least one FILE, DIR or - (stdin)")
 	}
-	if err := o.Validate(); err != nil {
-		fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
-		return 2
-	}
-	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "autoconfig vet: name at least one FILE, DIR or - (stdin)")
-		fs.Usage()
-		return 2
-	}
-	files, err := expandInputs(fs.Args())
+	files, err := expandInputs(args)
 	if err != nil {
-		fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
-		return 2
+		return &cli.UsageError{Err: err}
 	}
 	v, err := schema.Default()
 	if err != nil {
-		fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
-		return 1
+		return err
 	}
 	var results []vetResult
 	invalid := 0
 	for _, f := range files {
 		src, name, err := readInput(f, stdin)
 		if err != nil {
-			fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
-			return 2
+			return &cli.UsageError{Err: err}
 		}
 		docs := v.ValidateStream(name, src)
 		if len(docs) == 0 {
@@ -124,16 +122,15 @@ func runVet(_ context.Context, args []string, stdin io.Reader, stdout, stderr io
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(results); err != nil {
-			fmt.Fprintf(stderr, "autoconfig vet: %v\n", err)
-			return 1
+			return err
 		}
 	} else if invalid == 0 {
 		fmt.Fprintf(stdout, "%d route(s) valid\n", len(results))
 	}
 	if invalid > 0 {
-		return 1
+		return cli.ExitCode(1)
 	}
-	return 0
+	return nil
 }
 
 // expandInputs turns the arguments into a file list: directories are walked

@@ -54,7 +54,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		want string
 	}{
 		{"no flags", nil, nil, "--name (or PS_NAME) is required"},
-		{"unknown flag", nil, []string{"--nope"}, "flag provided but not defined: -nope"},
+		{"unknown flag", nil, []string{"--nope"}, "unknown flag: --nope"},
 		{"positional", nil, append(ok, "extra"), "unexpected arguments"},
 		{"bad port", nil, []string{"--name=router", "--namespace=ns", "--pod-name=p", "--app-port=70000"}, "--app-port (or PS_APP_PORT_NUMBER) must be 1-65535, got 70000"},
 		{"renew not below lease", nil, append(ok, "--lease-duration=2s", "--renew-deadline=2s"), "must be shorter than --lease-duration"},
@@ -63,6 +63,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"bad listener", nil, append(ok, "--readiness-required-listener=0"), "--readiness-required-listener"},
 		{"bad listener env", []string{"PS_READINESS_REQUIRED_LISTENERS=15008,x"}, ok, "PS_READINESS_REQUIRED_LISTENERS"},
 		{"bad level", nil, append(ok, "--log-level=loud"), "--log-level"},
+		{"bad format", nil, append(ok, "--log-format=xml"), "--log-format"},
 		{"bad env duration", []string{"PS_INTERVAL=soon"}, ok, "PS_INTERVAL"},
 		{"env is read", []string{"PS_NAME=router", "PS_NAMESPACE=ns", "PS_POD_NAME=p", "PS_APP_PORT_NUMBER=0"}, nil, "got 0"},
 		{"flag beats env", []string{"PS_APP_PORT_NUMBER=8080"}, append(ok[:3:3], "--app-port=99999"), "got 99999"},

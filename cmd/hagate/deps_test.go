@@ -16,10 +16,11 @@ func TestImportGraph(t *testing.T) {
 	}
 	const self = "github.com/modelsphere/autoconfig/"
 	allowed := map[string]bool{
-		self + "cmd/hagate":         true,
-		self + "internal/hagate":    true,
-		self + "internal/readiness": true,
-		self + "internal/sidecar":   true,
+		self + "cmd/hagate":          true,
+		self + "internal/hagate":     true,
+		self + "internal/readiness":  true,
+		self + "internal/cli":        true,
+		self + "internal/kubeclient": true,
 	}
 	var sawClientGo bool
 	for _, p := range strings.Fields(string(out)) {

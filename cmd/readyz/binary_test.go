@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -233,3 +234,5 @@ func TestBinaryUsageErrorExit2(t *testing.T) {
 		t.Errorf("bad env port: %v\n%s", err, out)
 	}
 }
+
+func fixture(name string) string { return filepath.Join("..", "..", "testdata", "proc", name) }

@@ -184,7 +184,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--process", "x", "--watch", "/tmp", "--check-cmd", `nginx "-t`}, nil, "unterminated"},
 		{[]string{"--process", "x", "--configmap", "noslash", "--write-dir", "/tmp/x"}, nil, "use namespace/name"},
 		{[]string{"--watch", "/tmp"}, []string{"PS_DEBOUNCE=soon"}, "PS_DEBOUNCE"},
-		{[]string{"--no-such-flag"}, nil, "flag provided but not defined"},
+		{[]string{"--no-such-flag"}, nil, "unknown flag: --no-such-flag"},
 		{[]string{"--process", "x", "--watch", "/tmp", "extra"}, nil, "unexpected arguments"},
 	} {
 		code, out := runBinary(t, tc.env, tc.args...)

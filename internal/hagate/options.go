@@ -2,14 +2,14 @@ package hagate
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/readiness"
-	"github.com/modelsphere/autoconfig/internal/sidecar"
+	"github.com/spf13/pflag"
 )
 
 // Defaults match client-go's core components (15 s / 10 s / 2 s), which is
@@ -25,7 +25,8 @@ const (
 	DefaultProcRoot      = "/proc"
 )
 
-// Options are the hagate settings. Every flag can also come from an
+// Options are the hagate settings (the log flags are the shared ones of
+// internal/cli). Every flag can also come from an
 // environment variable (see EnvName); a flag on the command line wins.
 type Options struct {
 	Name              string
@@ -44,9 +45,6 @@ type Options struct {
 	Kubeconfig  string
 	MetricsAddr string
 	HealthAddr  string
-
-	LogLevel  string
-	LogFormat string
 }
 
 // envNames maps flag names to environment variables. Most are PS_ plus the
@@ -60,16 +58,16 @@ var envNames = map[string]string{
 }
 
 // EnvName is the environment variable that sets the flag called name.
-func EnvName(name string) string { return sidecar.EnvName(name, envNames) }
+func EnvName(name string) string { return cli.EnvName(name, envNames) }
 
 // AddFlags registers every option on fs with its default.
-func (o *Options) AddFlags(fs *flag.FlagSet) {
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Name, "name", "", "router name: the Lease is <name>-ha and the active pod carries the label <name>-active=true (required)")
 	fs.StringVar(&o.Namespace, "namespace", "", "namespace of this pod and of the Lease, from the downward API metadata.namespace (required)")
 	fs.StringVar(&o.PodName, "pod-name", "", "name of this pod, from the downward API metadata.name; also the leader-election identity (required)")
 	fs.StringVar(&o.AppHost, "app-host", DefaultAppHost, "host of the local app port")
 	fs.IntVar(&o.AppPort, "app-port", 0, "local TCP port of the router that must accept connections for this pod to be active (required)")
-	fs.Var(sidecar.PortList{Ports: &o.RequiredListeners}, "readiness-required-listener", "TCP `port` that must have a LISTEN socket in the pod's network namespace (e.g. 15008 for Istio ambient); repeatable; the env form is comma-separated")
+	fs.Var(cli.PortList{Ports: &o.RequiredListeners}, "readiness-required-listener", "TCP `port` that must have a LISTEN socket in the pod's network namespace (e.g. 15008 for Istio ambient); repeatable; the env form is comma-separated")
 	fs.StringVar(&o.ProcRoot, "proc-root", DefaultProcRoot, "procfs mount read for --readiness-required-listener")
 	fs.DurationVar(&o.LeaseDuration, "lease-duration", DefaultLeaseDuration, "how long a standby waits after the leader's last renewal before taking over after a crash (whole seconds)")
 	fs.DurationVar(&o.RenewDeadline, "renew-deadline", DefaultRenewDeadline, "how long the leader retries renewing before it steps down and drops its label (< --lease-duration)")
@@ -78,14 +76,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster service account")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "address serving /metrics (and /healthz); empty disables")
 	fs.StringVar(&o.HealthAddr, "health-addr", DefaultHealthAddr, "address serving /healthz; empty or equal to --metrics-addr serves it only there")
-	fs.StringVar(&o.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", "text", "log format: text or json")
 }
 
 // ApplyEnv sets every flag not given on the command line from its
 // environment variable. Call it after fs.Parse; explicit flags win.
-func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	return sidecar.ApplyEnv(fs, lookup, EnvName)
+func ApplyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
+	return cli.ApplyEnv(fs, lookup, EnvName)
 }
 
 // LeaseName is the Lease the replicas elect a leader on.
@@ -138,12 +134,6 @@ func (o *Options) Validate() error {
 		if float64(o.RenewDeadline) <= 1.2*float64(o.RetryPeriod) {
 			errs = append(errs, fmt.Errorf("--renew-deadline (%v) must be longer than 1.2 × --retry-period (%v)", o.RenewDeadline, o.RetryPeriod))
 		}
-	}
-	if _, err := sidecar.ParseLogLevel(o.LogLevel); err != nil {
-		errs = append(errs, err)
-	}
-	if err := sidecar.ValidateLogFormat(o.LogFormat); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

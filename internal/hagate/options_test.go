@@ -1,19 +1,20 @@
 package hagate
 
 import (
-	"flag"
 	"io"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/modelsphere/autoconfig/internal/sidecar"
+	"github.com/spf13/pflag"
+
+	"github.com/modelsphere/autoconfig/internal/cli"
 )
 
-func newFlags() (*Options, *flag.FlagSet) {
+func newFlags() (*Options, *pflag.FlagSet) {
 	var o Options
-	fs := flag.NewFlagSet("hagate", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("hagate", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.AddFlags(fs)
 	return &o, fs
@@ -64,7 +65,7 @@ func TestRepeatableListenerFlag(t *testing.T) {
 	if err := fs.Parse([]string{"--readiness-required-listener=15008", "--readiness-required-listener=15001,15006"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := (sidecar.PortList{Ports: &o.RequiredListeners}).String(); got != "15008,15001,15006" {
+	if got := (cli.PortList{Ports: &o.RequiredListeners}).String(); got != "15008,15001,15006" {
 		t.Fatalf("listeners %q", got)
 	}
 }
@@ -75,7 +76,7 @@ func TestRepeatableListenerFlag(t *testing.T) {
 func TestEnvNamesCannotComeFromServiceLinks(t *testing.T) {
 	link := regexp.MustCompile(`(_SERVICE_HOST|_SERVICE_PORT(_[A-Z0-9_]+)?|_PORT|_PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$`)
 	_, fs := newFlags()
-	fs.VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *pflag.Flag) {
 		e := EnvName(f.Name)
 		if !strings.HasPrefix(e, "PS_") {
 			t.Errorf("%s: env %s lacks the PS_ prefix", f.Name, e)
@@ -104,7 +105,6 @@ func TestValidateRejects(t *testing.T) {
 		"zero interval":   {func(o *Options) { o.Interval = 0 }, "must be positive"},
 		"dup listener":    {func(o *Options) { o.RequiredListeners = []int{1, 1} }, "twice"},
 		"label too long":  {func(o *Options) { o.Name = strings.Repeat("a", 60) }, "label key"},
-		"bad format":      {func(o *Options) { o.LogFormat = "xml" }, "--log-format"},
 		"missing podname": {func(o *Options) { o.PodName = "" }, "--pod-name (or PS_POD_NAME) is required"},
 	} {
 		t.Run(name, func(t *testing.T) {

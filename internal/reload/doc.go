@@ -10,14 +10,22 @@
 //     "..data" symlink swap is several) is coalesced by a debounce and a
 //     content fingerprint, so one change gives exactly one reload and a
 //     half-done swap ("..data_tmp" present) is never acted on.
+//
 //   - proc.go: finds the target by argv[0] in /proc/*/cmdline (never by the
 //     whole command line nor comm), excluding itself and worker children.
+//
 //   - sockets.go: removes "<route>.sock" files nothing listens on, which a
 //     crashed nginx master leaves behind and which would make the next
 //     "listen unix:" fail.
+//
 //   - reloader.go: check command, signal, verification by worker pids.
+//
 //   - atomicwriter.go, configmap.go: API mode, which writes one ConfigMap's
 //     keys in kubelet's layout without kubelet's 60–90 s delay.
+//
+//   - options.go, run.go: the flags (each also a PS_ variable), Command, the
+//     binary for internal/cli, and Run, which wires the pieces and serves
+//     /metrics, /healthz and /readyz.
 //
 // It must not import CUE or controller-runtime: the sidecar stays small.
 package reload

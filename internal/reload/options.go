@@ -2,16 +2,14 @@ package reload
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"syscall"
 	"time"
 	"unicode"
 
-	"github.com/modelsphere/autoconfig/internal/sidecar"
+	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/spf13/pflag"
 )
 
 // DefaultDebounce is how long the directories must stay quiet before a
@@ -42,9 +40,10 @@ const DefaultCheckTimeout = 30 * time.Second
 // EnvPrefix prefixes the environment variable of every flag
 // (--check-cmd ↔ PS_CHECK_CMD). "PS_" is not a prefix Kubernetes service
 // links inject (<SERVICE>_SERVICE_HOST, <SERVICE>_PORT…).
-const EnvPrefix = sidecar.EnvPrefix
+const EnvPrefix = cli.EnvPrefix
 
-// Options are the sidecar's flags.
+// Options are the sidecar's flags (the log flags are the shared ones of
+// internal/cli).
 type Options struct {
 	WatchDirs     []string
 	Process       string
@@ -56,8 +55,6 @@ type Options struct {
 	CheckTimeout  time.Duration
 	SockSweep     time.Duration
 	MetricsAddr   string
-	LogLevel      string
-	LogFormat     string
 	ProcRoot      string
 
 	ConfigMap  string // ns/name, API mode
@@ -65,28 +62,9 @@ type Options struct {
 	Kubeconfig string
 }
 
-type listFlag struct{ p *[]string }
-
-func (l listFlag) String() string {
-	if l.p == nil {
-		return ""
-	}
-	return strings.Join(*l.p, ",")
-}
-
-// Set appends; a comma-separated value (the env var form) appends each part.
-func (l listFlag) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*l.p = append(*l.p, s)
-		}
-	}
-	return nil
-}
-
 // AddFlags registers the options on fs with their defaults.
-func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.Var(listFlag{&o.WatchDirs}, "watch", "directory to watch (repeatable, or comma-separated); a kubelet ConfigMap mount or a plain directory")
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.Var(cli.StringList{Values: &o.WatchDirs}, "watch", "`directory` to watch (repeatable, or comma-separated); a kubelet ConfigMap mount or a plain directory")
 	fs.StringVar(&o.Process, "process", "", `the target process, matched against argv[0] only: equal, same basename, or argv[0] starting with it (e.g. "nginx: master", "cache-aware-router")`)
 	fs.StringVar(&o.SockDir, "sock-dir", "", "directory of per-route unix sockets; stale ones (connect refused) are removed before signalling")
 	fs.StringVar(&o.CheckCmd, "check-cmd", "", `validation command run before signalling (e.g. "nginx -t -q -p /usr/local/openresty/nginx/ -c conf/nginx.conf"); split on spaces, quotes group; a non-zero exit means no signal`)
@@ -96,8 +74,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.CheckTimeout, "check-timeout", DefaultCheckTimeout, "bound of one --check-cmd run")
 	fs.DurationVar(&o.SockSweep, "sock-sweep", DefaultSockSweep, "with --sock-dir: how often to check whether the target was replaced or is gone, and then remove stale sockets")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9102", `address of /metrics, /healthz and /readyz ("" disables)`)
-	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.LogFormat, "log-format", "text", "text or json")
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
 	fs.StringVar(&o.WriteDir, "write-dir", "", "API mode: directory the ConfigMap's keys are written into, in kubelet's ..data layout (also watched)")
@@ -105,12 +81,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 }
 
 // EnvName is the environment variable of a flag: PS_ + upper snake case.
-func EnvName(flagName string) string { return sidecar.EnvName(flagName, nil) }
+func EnvName(flagName string) string { return cli.EnvName(flagName, nil) }
 
 // ApplyEnv sets every flag not given on the command line from its
 // environment variable, if present. Call it after fs.Parse.
-func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
-	return sidecar.ApplyEnv(fs, lookup, EnvName)
+func ApplyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
+	return cli.ApplyEnv(fs, lookup, EnvName)
 }
 
 // Validate checks the options; its errors are usage errors.
@@ -144,12 +120,6 @@ func (o *Options) Validate() error {
 	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 {
 		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout and --sock-sweep must be positive"))
 	}
-	if _, err := ParseLogLevel(o.LogLevel); err != nil {
-		errs = append(errs, err)
-	}
-	if err := sidecar.ValidateLogFormat(o.LogFormat); err != nil {
-		errs = append(errs, err)
-	}
 	return errors.Join(errs...)
 }
 
@@ -173,14 +143,6 @@ func ParseSignal(s string) (syscall.Signal, error) {
 		return sig, nil
 	}
 	return 0, fmt.Errorf("--signal %q: use one of HUP, USR1, USR2, TERM, QUIT, INT, WINCH", s)
-}
-
-// ParseLogLevel maps --log-level to slog.
-func ParseLogLevel(s string) (slog.Level, error) { return sidecar.ParseLogLevel(s) }
-
-// NewLogger builds the slog logger of --log-level/--log-format.
-func (o *Options) NewLogger() *slog.Logger {
-	return sidecar.NewLogger(o.LogLevel, o.LogFormat, os.Stderr)
 }
 
 // SplitCommand splits a command line on unquoted whitespace; single and

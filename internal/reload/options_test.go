@@ -1,13 +1,14 @@
 package reload
 
 import (
-	"flag"
 	"io"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 func TestSplitCommand(t *testing.T) {
@@ -31,7 +32,7 @@ func TestSplitCommand(t *testing.T) {
 
 func TestApplyEnv(t *testing.T) {
 	var o Options
-	fs := flag.NewFlagSet("reload", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.AddFlags(fs)
 	if err := fs.Parse([]string{"--process", "from-flag"}); err != nil {

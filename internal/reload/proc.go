@@ -1,14 +1,13 @@
 package reload
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
+
+	"github.com/prometheus/procfs"
 )
 
 // Process is one entry of /proc as the matcher sees it.
@@ -24,56 +23,44 @@ var (
 	ErrAmbiguousProcess = errors.New("several processes match")
 )
 
-// ListProcesses reads every <procRoot>/<pid>/cmdline and stat. Processes
-// that vanish while being read, and kernel threads and zombies (empty
-// cmdline), are left out.
+// ListProcesses reads every <procRoot>/<pid>/cmdline and stat (through
+// procfs, rooted at procRoot so tests run on fixtures). Processes that
+// vanish while being read, and kernel threads and zombies (empty cmdline),
+// are left out.
 func ListProcesses(procRoot string) ([]Process, error) {
-	ents, err := os.ReadDir(procRoot)
+	all, err := allProcs(procRoot)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", procRoot, err)
+		return nil, err
 	}
 	var procs []Process
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
+	for _, p := range all {
+		if p.PID <= 0 {
 			continue
 		}
-		cmdline, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "cmdline"))
-		if err != nil || len(cmdline) == 0 {
+		argv, err := p.CmdLine()
+		if err != nil || len(argv) == 0 {
 			continue
 		}
-		ppid, _, err := readStat(procRoot, pid)
+		st, err := p.Stat()
 		if err != nil {
 			continue
 		}
-		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
-		procs = append(procs, Process{PID: pid, PPID: ppid, Argv0: string(argv0)})
+		procs = append(procs, Process{PID: p.PID, PPID: st.PPID, Argv0: argv[0]})
 	}
 	return procs, nil
 }
 
-// readStat returns the parent pid and the state letter of a process. The
-// fields are read after the last ')' because comm may contain spaces and
-// parentheses.
-func readStat(procRoot string, pid int) (ppid int, state byte, err error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+// allProcs lists the numeric entries of procRoot.
+func allProcs(procRoot string) (procfs.Procs, error) {
+	fs, err := procfs.NewFS(procRoot)
 	if err != nil {
-		return 0, 0, err
+		return nil, fmt.Errorf("read %s: %w", procRoot, err)
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("malformed %s/%d/stat", procRoot, pid)
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 || len(f[0]) != 1 {
-		return 0, 0, fmt.Errorf("malformed %s/%d/stat", procRoot, pid)
-	}
-	ppid, err = strconv.Atoi(f[1])
+	all, err := fs.AllProcs()
 	if err != nil {
-		return 0, 0, fmt.Errorf("malformed %s/%d/stat: %w", procRoot, pid, err)
+		return nil, fmt.Errorf("read %s: %w", procRoot, err)
 	}
-	return ppid, f[0][0], nil
+	return all, nil
 }
 
 // MatchArgv0 reports whether a process whose argv[0] is argv0 is what
@@ -123,16 +110,12 @@ func FindTarget(procs []Process, match string, self int) (Process, error) {
 
 // Children returns the live (non-zombie) children of pid, sorted.
 func Children(procRoot string, pid int) []int {
-	ents, _ := os.ReadDir(procRoot)
+	all, _ := allProcs(procRoot)
 	var kids []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		ppid, state, err := readStat(procRoot, p)
-		if err == nil && ppid == pid && state != 'Z' && state != 'X' {
-			kids = append(kids, p)
+	for _, p := range all {
+		st, err := p.Stat()
+		if err == nil && st.PPID == pid && st.State != "Z" && st.State != "X" {
+			kids = append(kids, p.PID)
 		}
 	}
 	slices.Sort(kids)

@@ -10,7 +10,8 @@ import (
 )
 
 // writeProc writes one /proc/<pid> fixture in the kernel's format: cmdline
-// is NUL-separated and NUL-terminated, stat is "pid (comm) state ppid …".
+// is NUL-separated and NUL-terminated, stat is "pid (comm) state ppid …"
+// with all 52 fields of a current kernel (procfs reads them all).
 func writeProc(t *testing.T, root string, pid int, comm string, state byte, ppid int, argv ...string) {
 	t.Helper()
 	d := filepath.Join(root, strconv.Itoa(pid))
@@ -22,7 +23,8 @@ func writeProc(t *testing.T, root string, pid int, comm string, state byte, ppid
 		cmdline += a + "\x00"
 	}
 	stat := strconv.Itoa(pid) + " (" + comm + ") " + string(state) + " " + strconv.Itoa(ppid) +
-		" 2949 2949 0 -1 4194560 1046 0 0 0 3 1 0 0 20 0 1 0 1227 10002432 1331 18446744073709551615\n"
+		" 2949 2949 0 -1 4194560 1046 0 0 0 3 1 0 0 20 0 1 0 1227 10002432 1331 18446744073709551615" +
+		" 94355 94360 140736 0 0 0 0 4096 16386 0 0 0 17 3 0 0 0 0 0 94361 94362 94363 140737 140738 140739 140740 0\n"
 	if err := os.WriteFile(filepath.Join(d, "cmdline"), []byte(cmdline), 0o444); err != nil {
 		t.Fatal(err)
 	}

@@ -16,13 +16,40 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/modelsphere/autoconfig/internal/kubeclient"
 )
+
+const help = `
+reload watches a mounted ConfigMap directory (or one ConfigMap through the
+API), and on a settled change validates the configuration, removes stale
+unix sockets, sends a signal (HUP) to the consumer's main process and
+verifies the reload.
+
+Every flag can also be set by its PS_ environment variable (--check-cmd:
+PS_CHECK_CMD); a flag on the command line wins.
+Exit status: 0 after a clean shutdown, 1 on a runtime error, 2 on a usage
+error.
+`
+
+// Command is the reload binary; run is Run outside tests.
+func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Command {
+	o := &Options{}
+	return &cli.Command{
+		Use:     "reload --watch DIR --process MATCH [flags]",
+		Long:    help,
+		Options: o,
+		EnvName: EnvName,
+		Log:     true,
+		Version: cli.DefaultVersion,
+		Run:     func(ctx context.Context, c *cli.Call) error { return run(ctx, o, c.Log) },
+	}
+}
 
 // Run is the sidecar: validated options in, blocking until ctx is done or
 // a component fails.
-func Run(ctx context.Context, o Options, log *slog.Logger) error {
+func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	sig, err := ParseSignal(o.Signal)
 	if err != nil {
 		return err
@@ -44,7 +71,7 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		cfg, err := restConfig(o.Kubeconfig)
+		cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
 		if err != nil {
 			return err
 		}
@@ -139,19 +166,4 @@ func Run(ctx context.Context, o Options, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("--kubeconfig: %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a cluster): %w", err)
-	}
-	return cfg, nil
 }

@@ -1,33 +1,29 @@
+// The hagate binary: its command for internal/cli, Run wiring the client,
+// the gate and the metrics and health servers.
+
 package hagate
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/modelsphere/autoconfig/internal/kubeclient"
 	"github.com/modelsphere/autoconfig/internal/readiness"
-	"github.com/modelsphere/autoconfig/internal/sidecar"
 )
 
-const usageHead = `Usage: hagate [flags]
-
+const help = `
 hagate keeps one replica of a stateful router active. Every replica joins
 leader election on the Lease <name>-ha; only the leader, while its app port
 accepts connections and its required listeners are present, labels its own
@@ -39,87 +35,29 @@ label is kept so the terminating pod drains in-flight streams.
 Every flag can also be set by the environment variable named after it.
 Exit status: 0 after a clean shutdown, 1 on a runtime error, 2 on a usage
 error.
-
-Flags:
 `
 
-// Main runs hagate with args (without the program name) and returns the
-// exit status. lookupEnv is os.LookupEnv outside tests.
-func Main(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
-	// Catch SIGTERM first thing: a pod deleted right after it started must
-	// still shut down cleanly (release, keep the label) rather than die.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
+// Command is the hagate binary; run is Run outside tests.
+func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Command {
+	o := &Options{}
+	return &cli.Command{
+		Use:     "hagate [flags]",
+		Long:    help,
+		Options: o,
+		EnvName: EnvName,
+		Log:     true,
+		Version: cli.DefaultVersion,
+		Run:     func(ctx context.Context, c *cli.Call) error { return run(ctx, o, c.Log) },
+	}
+}
 
-	var o Options
-	fs := flag.NewFlagSet("hagate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	o.AddFlags(fs)
-	fs.Usage = func() { printUsage(fs) }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "hagate: unexpected arguments %q\n", fs.Args())
-		fs.Usage()
-		return 2
-	}
-	if err := ApplyEnv(fs, lookupEnv); err != nil {
-		fmt.Fprintf(stderr, "hagate: %v\n", err)
-		return 2
-	}
-	if err := o.Validate(); err != nil {
-		fmt.Fprintf(stderr, "hagate: invalid flags:\n%v\nRun hagate -help for usage.\n", err)
-		return 2
-	}
-	logger := newLogger(&o, stderr)
+// Run is the sidecar: validated options in, blocking until ctx is done
+// (then the Lease is released and nil returned) or start-up fails.
+func Run(ctx context.Context, o *Options, logger *slog.Logger) error {
 	// client-go's leader election logs through klog; send it to the same
 	// handler so one pod has one log format.
 	klog.SetSlogLogger(logger)
-
-	if err := run(ctx, &o, logger); err != nil {
-		logger.Error("hagate failed", "error", err)
-		return 1
-	}
-	return 0
-}
-
-// printUsage lists flags GNU-style (--name), as the docs and manifests
-// spell them (Go's flag package accepts one or two dashes), with the
-// environment variable and default of each.
-func printUsage(fs *flag.FlagSet) {
-	w := fs.Output()
-	fmt.Fprint(w, usageHead)
-	fs.VisitAll(func(f *flag.Flag) {
-		typ, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if typ != "" {
-			line += " " + typ
-		}
-		fmt.Fprintf(w, "%s\n    \t%s\n    \tenv %s", line, usage, EnvName(f.Name))
-		if f.DefValue != "" && f.DefValue != "0" {
-			fmt.Fprintf(w, ", default %q", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
-
-func newLogger(o *Options, w io.Writer) *slog.Logger {
-	return sidecar.NewLogger(o.LogLevel, o.LogFormat, w)
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		return rest.InClusterConfig()
-	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
-}
-
-func run(ctx context.Context, o *Options, logger *slog.Logger) error {
-	cfg, err := restConfig(o.Kubeconfig)
+	cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}

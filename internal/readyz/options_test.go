@@ -1,13 +1,56 @@
-package main
+package readyz
 
 import (
 	"bytes"
-	"flag"
+	"context"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/modelsphere/autoconfig/internal/cli"
 )
+
+// want is what a parse should produce: the options and the logger's
+// level and format.
+type want struct {
+	Options
+	LogLevel  string
+	LogFormat string
+}
+
+// parseOptions runs the readyz command up to its Run, returning what Run
+// was given; ok is false when the command exited before (code).
+func parseOptions(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) (o *Options, log *slog.Logger, code int, ok bool) {
+	run := func(_ context.Context, got *Options, l *slog.Logger) error { o, log = got, l; return nil }
+	code = cli.Execute(Command(run), args, cli.IO{Stdout: stdout, Stderr: stderr, LookupEnv: lookup})
+	return o, log, code, o != nil
+}
+
+// logLevel and logFormat read the flags back from the logger.
+func logLevel(l *slog.Logger) string {
+	for _, lv := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
+		if l.Enabled(context.Background(), lv) {
+			return strings.ToLower(lv.String())
+		}
+	}
+	return "?"
+}
+
+func logFormat(l *slog.Logger) string {
+	if _, ok := l.Handler().(*slog.JSONHandler); ok {
+		return "json"
+	}
+	return "text"
+}
+
+func run(args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	return cli.Execute(Command(Run), args, cli.IO{Stdout: stdout, Stderr: stderr, LookupEnv: lookup})
+}
 
 func env(kv ...string) func(string) (string, bool) {
 	m := map[string]string{}
@@ -24,25 +67,25 @@ func TestParseOptions(t *testing.T) {
 		env    func(string) (string, bool)
 		code   int // when ok is false
 		ok     bool
-		want   options
+		want   want
 		stderr string
 	}{
 		{name: "defaults", ok: true,
-			want: options{Listen: ":9404", ProcRoot: "/proc", CacheTTL: time.Second, LogLevel: "info", LogFormat: "text"}},
+			want: want{Options{Listen: ":9404", ProcRoot: "/proc", CacheTTL: time.Second}, "info", "text"}},
 		{name: "flags", ok: true,
 			args: []string{"--listen", "127.0.0.1:0", "--readiness-required-listener=15008", "--readiness-required-listener", "8080",
 				"--proc-root", "/x", "--cache-ttl", "250ms", "--log-level", "debug", "--log-format", "json"},
-			want: options{Listen: "127.0.0.1:0", Ports: []int{15008, 8080}, ProcRoot: "/x", CacheTTL: 250 * time.Millisecond, LogLevel: "debug", LogFormat: "json"}},
+			want: want{Options{Listen: "127.0.0.1:0", Ports: []int{15008, 8080}, ProcRoot: "/x", CacheTTL: 250 * time.Millisecond}, "debug", "json"}},
 		{name: "env", ok: true,
 			env:  env("PS_LISTEN", ":1", "PS_READINESS_REQUIRED_LISTENERS", "15008, 8080", "PS_PROC_ROOT", "/y", "PS_CACHE_TTL", "2s", "PS_LOG_LEVEL", "warn", "PS_LOG_FORMAT", "json"),
-			want: options{Listen: ":1", Ports: []int{15008, 8080}, ProcRoot: "/y", CacheTTL: 2 * time.Second, LogLevel: "warn", LogFormat: "json"}},
+			want: want{Options{Listen: ":1", Ports: []int{15008, 8080}, ProcRoot: "/y", CacheTTL: 2 * time.Second}, "warn", "json"}},
 		{name: "flag wins over env", ok: true,
 			args: []string{"--readiness-required-listener=1", "--listen=:2"},
 			env:  env("PS_READINESS_REQUIRED_LISTENERS", "15008,8080", "PS_LISTEN", ":1"),
-			want: options{Listen: ":2", Ports: []int{1}, ProcRoot: "/proc", CacheTTL: time.Second, LogLevel: "info", LogFormat: "text"}},
+			want: want{Options{Listen: ":2", Ports: []int{1}, ProcRoot: "/proc", CacheTTL: time.Second}, "info", "text"}},
 		{name: "bounds accepted", ok: true,
 			args: []string{"--readiness-required-listener=1", "--readiness-required-listener=65535"},
-			want: options{Listen: ":9404", Ports: []int{1, 65535}, ProcRoot: "/proc", CacheTTL: time.Second, LogLevel: "info", LogFormat: "text"}},
+			want: want{Options{Listen: ":9404", Ports: []int{1, 65535}, ProcRoot: "/proc", CacheTTL: time.Second}, "info", "text"}},
 		{name: "port 0", args: []string{"--readiness-required-listener=0"}, code: 2, stderr: "out of range"},
 		{name: "port 65536", args: []string{"--readiness-required-listener=65536"}, code: 2, stderr: "out of range"},
 		{name: "duplicate", args: []string{"--readiness-required-listener=15008", "--readiness-required-listener=15008"}, code: 2, stderr: "listed twice"},
@@ -54,7 +97,7 @@ func TestParseOptions(t *testing.T) {
 		{name: "ttl too long", args: []string{"--cache-ttl=1h"}, code: 2, stderr: "--cache-ttl"},
 		{name: "log format", args: []string{"--log-format=xml"}, code: 2, stderr: "--log-format"},
 		{name: "log level", args: []string{"--log-level=loud"}, code: 2, stderr: "--log-level"},
-		{name: "unknown flag", args: []string{"--nope"}, code: 2, stderr: "flag provided but not defined: -nope"},
+		{name: "unknown flag", args: []string{"--nope"}, code: 2, stderr: "unknown flag: --nope"},
 		{name: "extra argument", args: []string{"15008"}, code: 2, stderr: "unexpected arguments"},
 		{name: "help", args: []string{"--help"}, code: 0},
 	}
@@ -65,7 +108,7 @@ func TestParseOptions(t *testing.T) {
 				lookup = env()
 			}
 			var stdout, stderr bytes.Buffer
-			o, code, ok := parseOptions(tc.args, lookup, &stdout, &stderr)
+			o, log, code, ok := parseOptions(tc.args, lookup, &stdout, &stderr)
 			if ok != tc.ok {
 				t.Fatalf("ok = %v, want %v; stderr: %s", ok, tc.ok, stderr.String())
 			}
@@ -79,8 +122,8 @@ func TestParseOptions(t *testing.T) {
 				return
 			}
 			if o.Listen != tc.want.Listen || !slices.Equal(o.Ports, tc.want.Ports) || o.ProcRoot != tc.want.ProcRoot ||
-				o.CacheTTL != tc.want.CacheTTL || o.LogLevel != tc.want.LogLevel || o.LogFormat != tc.want.LogFormat {
-				t.Errorf("got %+v, want %+v", *o, tc.want)
+				o.CacheTTL != tc.want.CacheTTL || logLevel(log) != tc.want.LogLevel || logFormat(log) != tc.want.LogFormat {
+				t.Errorf("got %+v (log %s %s), want %+v", *o, logLevel(log), logFormat(log), tc.want)
 			}
 		})
 	}
@@ -94,12 +137,13 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exit %d", code)
 	}
 	help := stdout.String()
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	(&options{}).AddFlags(fs)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	(&Options{}).AddFlags(fs)
+	(&cli.LogOptions{}).AddFlags(fs)
 	n := 0
-	fs.VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *pflag.Flag) {
 		n++
-		for _, s := range []string{"--" + f.Name, envName(f.Name)} {
+		for _, s := range []string{"--" + f.Name, EnvName(f.Name)} {
 			if !strings.Contains(help, s) {
 				t.Errorf("--help does not mention %s", s)
 			}

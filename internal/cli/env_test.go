@@ -1,13 +1,14 @@
-package sidecar
+package cli
 
 import (
-	"flag"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func TestApplyEnvFlagWinsAndErrorsNameTheVariable(t *testing.T) {
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	var ports []int
 	a := fs.String("alpha", "def", "")
 	b := fs.String("beta", "def", "")
@@ -24,7 +25,7 @@ func TestApplyEnvFlagWinsAndErrorsNameTheVariable(t *testing.T) {
 		t.Fatalf("alpha %q beta %q ports %v", *a, *b, ports)
 	}
 
-	fs2 := flag.NewFlagSet("y", flag.ContinueOnError)
+	fs2 := pflag.NewFlagSet("y", pflag.ContinueOnError)
 	fs2.Var(PortList{Ports: &ports}, "port", "")
 	env["PS_PORTS"] = "15008,x"
 	err := ApplyEnv(fs2, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, name)
@@ -42,12 +43,13 @@ func TestLogOptions(t *testing.T) {
 	if _, err := ParseLogLevel("loud"); err == nil {
 		t.Error("loud accepted")
 	}
-	if ValidateLogFormat("json") != nil || ValidateLogFormat("xml") == nil {
+	if (&LogOptions{Level: "info", Format: "json"}).Validate() != nil || (&LogOptions{Level: "info", Format: "xml"}).Validate() == nil {
 		t.Error("log format validation wrong")
 	}
 	var b strings.Builder
-	NewLogger("warn", "json", &b).Info("hidden")
-	NewLogger("warn", "json", &b).Warn("shown")
+	o := &LogOptions{Level: "warn", Format: "json"}
+	o.Logger(&b).Info("hidden")
+	o.Logger(&b).Warn("shown")
 	if strings.Contains(b.String(), "hidden") || !strings.Contains(b.String(), `"msg":"shown"`) {
 		t.Fatalf("logger output %q", b.String())
 	}

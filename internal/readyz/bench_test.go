@@ -1,4 +1,4 @@
-package main
+package readyz
 
 import (
 	"io"
@@ -17,7 +17,7 @@ import (
 // concurrent callers against this machine's /proc with the default 1 s
 // TTL, and reports how many scans that cost. Run it with -benchtime=5s:
 //
-//	go test -run '^$' -bench Readyz1000 -benchtime=5s ./cmd/readyz/
+//	go test -run '^$' -bench Readyz1000 -benchtime=5s ./internal/readyz/
 //
 // scans/ttl is scans per TTL window of wall time (the goal is <= 1; the
 // first window also pays the initial scan). "missing" requires a port

@@ -1,4 +1,4 @@
-package main
+package readyz
 
 import (
 	"encoding/json"

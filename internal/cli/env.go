@@ -1,18 +1,12 @@
-// Package sidecar holds the flag and logging plumbing the sidecar binaries
-// (reload, hagate, readyz) share: every flag also settable from a PS_
-// environment variable, a repeatable port-list flag, and the
-// --log-level/--log-format slog logger. It imports nothing heavy, so the
-// sidecars stay small.
-package sidecar
+package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"strconv"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
 // EnvPrefix starts every sidecar environment variable. It is not a name a
@@ -29,15 +23,18 @@ func EnvName(flagName string, overrides map[string]string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// builtin flags cobra adds; no environment variable sets them.
+func builtin(name string) bool { return name == "help" || name == "version" }
+
 // ApplyEnv sets every flag not given on the command line from its
-// environment variable (named by envName). Call it after fs.Parse: explicit
+// environment variable (named by envName). Call it after parsing: explicit
 // flags win. Every bad value is reported, naming the variable.
-func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool), envName func(string) string) error {
+func ApplyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool), envName func(string) string) error {
 	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { given[f.Name] = true })
 	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if given[f.Name] || builtin(f.Name) {
 			return
 		}
 		name := envName(f.Name)
@@ -45,11 +42,19 @@ func ApplyEnv(fs *flag.FlagSet, lookup func(string) (string, bool), envName func
 		if !ok {
 			return
 		}
-		if err := fs.Set(f.Name, v); err != nil {
+		// f.Value.Set, not fs.Set: the error names the variable, not a flag.
+		if err := f.Value.Set(v); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// listValue marks the repeatable flags whose one value may also be a
+// comma-separated list (the environment form).
+type listValue interface {
+	pflag.Value
+	commaSeparated()
 }
 
 // PortList is a repeatable flag of TCP ports; one value may also be a
@@ -84,30 +89,31 @@ func (p PortList) Set(v string) error {
 	return nil
 }
 
-// ParseLogLevel maps --log-level (debug, info, warn, error) to a level.
-func ParseLogLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("--log-level %q: use debug, info, warn or error", s)
+// Type names the value in --help.
+func (PortList) Type() string    { return "port" }
+func (PortList) commaSeparated() {}
+
+// StringList is a repeatable string flag; one value may also be a
+// comma-separated list. Empty parts are dropped.
+type StringList struct{ Values *[]string }
+
+func (l StringList) String() string {
+	if l.Values == nil {
+		return ""
 	}
-	return l, nil
+	return strings.Join(*l.Values, ",")
 }
 
-// ValidateLogFormat checks --log-format.
-func ValidateLogFormat(s string) error {
-	if s != "text" && s != "json" {
-		return fmt.Errorf("--log-format %q: use text or json", s)
+// Set appends the part(s) of v.
+func (l StringList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l.Values = append(*l.Values, s)
+		}
 	}
 	return nil
 }
 
-// NewLogger builds the slog logger for --log-level and --log-format
-// (already validated; an unknown level falls back to info).
-func NewLogger(level, format string, w io.Writer) *slog.Logger {
-	lvl, _ := ParseLogLevel(level)
-	ho := &slog.HandlerOptions{Level: lvl}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, ho))
-	}
-	return slog.New(slog.NewTextHandler(w, ho))
-}
+// Type names the value in --help.
+func (StringList) Type() string    { return "strings" }
+func (StringList) commaSeparated() {}
