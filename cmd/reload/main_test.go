@@ -213,21 +213,6 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
 }
 
-func TestNoCUEOrControllerRuntimeInImportGraph(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "k8s.io/client-go/tools/cache") {
-		t.Fatalf("go list output looks wrong (client-go missing):\n%s", out)
-	}
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(l, "cuelang.org/") || strings.HasPrefix(l, "sigs.k8s.io/controller-runtime") {
-			t.Errorf("cmd/reload depends on %s", l)
-		}
-	}
-}
-
 func TestSelfMatchIsImpossible(t *testing.T) {
 	dir := t.TempDir()
 	// --process is the sidecar's own argv[0] (equal and basename rules),

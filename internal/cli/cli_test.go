@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -128,22 +127,3 @@ func TestSubcommands(t *testing.T) {
 	}
 }
 
-// TestImportGraph keeps internal/cli (and so readyz, which must stay free
-// of client-go) light.
-func TestImportGraph(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".", "../readyz").Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	if !strings.Contains(string(out), "github.com/spf13/cobra") {
-		t.Fatal("go list -deps output lacks cobra: the check is not looking at internal/cli")
-	}
-	for _, p := range strings.Fields(string(out)) {
-		for _, bad := range []string{"k8s.io/", "sigs.k8s.io/", "cuelang.org/", "github.com/modelsphere/autoconfig/compiler",
-			"github.com/modelsphere/autoconfig/schema", "github.com/modelsphere/autoconfig/internal/controller"} {
-			if strings.HasPrefix(p, bad) {
-				t.Errorf("internal/cli or internal/readyz imports %s", p)
-			}
-		}
-	}
-}
