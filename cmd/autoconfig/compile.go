@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
@@ -110,7 +111,7 @@ func runCompile(_ context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", o.endpoints, err))
 	}
-	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, snap, compiler.Options{SockDir: o.sockDir})
+	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), compiler.Options{SockDir: o.sockDir})
 	if err != nil {
 		return fail(err)
 	}

@@ -8,12 +8,10 @@
 package discovery
 
 import (
-	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -21,6 +19,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/endpoints"
 )
 
 // GPUProductLabel is the node label (set by NVIDIA GPU feature discovery)
@@ -59,7 +58,8 @@ type Options struct {
 }
 
 // FromEndpointSlices returns the endpoints of a Service's slices: IPv4 and
-// IPv6 slices alike (dual stack), deduplicated by address and port, sorted.
+// IPv6 slices alike (dual stack), in normal form (endpoints.Normalize: sorted,
+// one per address and port, a Ready duplicate kept over a not-ready one).
 // Terminating endpoints never count; not-ready ones only with
 // IncludeNotReady. With Port unset, each slice's single port is used; a
 // slice with endpoints and zero or several ports is a PortError.
@@ -96,7 +96,7 @@ func FromEndpointSlices(items []discoveryv1.EndpointSlice, o Options) ([]compile
 			}
 		}
 	}
-	return Normalize(out), nil
+	return endpoints.Normalize(out), nil
 }
 
 // usable applies the readiness rules to one endpoint. A nil Ready means
@@ -166,7 +166,7 @@ func FromPods(pods []corev1.Pod, o Options) ([]compiler.Endpoint, error) {
 			out = append(out, compiler.Endpoint{IP: ip, Port: port, Ready: ready, Node: p.Spec.NodeName})
 		}
 	}
-	return Normalize(out), nil
+	return endpoints.Normalize(out), nil
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -224,41 +224,14 @@ func containerPort(p *corev1.Pod, field string) (int32, error) {
 	}
 }
 
-// Normalize sorts endpoints (IPv4 before IPv6, numerically, then port) and
-// drops duplicates; a duplicate that is Ready in one slice wins. The result
-// does not depend on list or slice order, so a resync renders the same bytes.
-func Normalize(eps []compiler.Endpoint) []compiler.Endpoint {
-	if len(eps) == 0 {
-		return nil
-	}
-	sort.SliceStable(eps, func(i, j int) bool { return compareEndpoint(eps[i], eps[j]) < 0 })
-	out := eps[:0]
-	for _, e := range eps {
-		if n := len(out); n > 0 && out[n-1].IP == e.IP && out[n-1].Port == e.Port {
-			if e.Ready && !out[n-1].Ready {
-				out[n-1] = e
-			}
-			if out[n-1].Node == "" {
-				out[n-1].Node = e.Node
-			}
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
-func compareEndpoint(a, b compiler.Endpoint) int {
-	ia, ea := netip.ParseAddr(a.IP)
-	ib, eb := netip.ParseAddr(b.IP)
-	if ea == nil && eb == nil {
-		if c := ia.Compare(ib); c != 0 {
-			return c
-		}
-	} else if c := strings.Compare(a.IP, b.IP); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Port, b.Port)
+// NormalizeSnapshot puts every endpoint list of a snapshot not built by
+// discovery (e.g. read from a file) in normal form (endpoints.Normalize),
+// as the compiler requires.
+func NormalizeSnapshot(s compiler.Snapshot) compiler.Snapshot {
+	s.Backends = endpoints.Normalize(s.Backends)
+	s.CartPods = endpoints.Normalize(s.CartPods)
+	s.NginxPods = endpoints.Normalize(s.NginxPods)
+	return s
 }
 
 // HostPort formats an endpoint as ip:port, bracketing IPv6 ([fd00::1]:8000).
