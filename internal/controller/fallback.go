@@ -162,9 +162,10 @@ func fallbackSelector(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// fallbackPort is spec.discovery.port, else the one TCP containerPort every
-// selected pod declares (the rule discovery uses; pods without an IP count
-// too: the Service selects them as well). 0 = not derivable yet.
+// fallbackPort is spec.discovery.port, else the one TCP containerPort the
+// selected pods declare (discovery.DerivePort, the rule discovery uses; pods
+// without an IP count too: the Service selects them as well). 0 = not
+// derivable yet.
 func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRoute) (int32, error) {
 	d := route.Spec.Discovery
 	if d.Port != 0 {
@@ -178,23 +179,14 @@ func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRout
 	if err := r.Client.List(ctx, &pods, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return 0, fmt.Errorf("list pods %q in %s: %w", d.Selector, route.Namespace, err)
 	}
-	var ports []int32
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil {
-			continue
-		}
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && !slices.Contains(ports, cp.ContainerPort) {
-					ports = append(ports, cp.ContainerPort)
-				}
-			}
+	var live []*corev1.Pod
+	for i := range pods.Items {
+		if pods.Items[i].DeletionTimestamp == nil {
+			live = append(live, &pods.Items[i])
 		}
 	}
-	if len(ports) != 1 {
-		return 0, nil
-	}
-	return ports[0], nil
+	port, _ := discovery.DerivePort(0, discovery.PodPorts(live...))
+	return port, nil
 }
 
 // reconcileFallback is the reconcile step around reconcileFallbackService;

@@ -8,6 +8,7 @@
 package discovery
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -77,11 +78,10 @@ func FromEndpointSlices(items []discoveryv1.EndpointSlice, o Options) ([]compile
 				continue
 			}
 			if port == 0 {
-				p, err := slicePort(s, o.PortField)
-				if err != nil {
-					return nil, err
+				declared := slicePorts(s)
+				if port, ok = DerivePort(0, declared); !ok {
+					return nil, portError(o.PortField, "EndpointSlice "+s.Namespace+"/"+s.Name, "port", declared)
 				}
-				port = p
 			}
 			node := ""
 			if ep.NodeName != nil {
@@ -110,28 +110,60 @@ func usable(c discoveryv1.EndpointConditions, includeNotReady bool) (ready, ok b
 	return ready, ready || includeNotReady
 }
 
-func slicePort(s *discoveryv1.EndpointSlice, field string) (int32, error) {
-	var ports []string
-	var only int32
+// DeclaredPort is a port an EndpointSlice or a pod declares.
+type DeclaredPort struct {
+	Name string // "" for container ports: pods are compared by number
+	Port int32
+}
+
+// DerivePort is the one port rule, of discovery and of the fallback
+// Service: the configured port when set, else the only port declared
+// (distinct by name and number). ok is false when none or several are
+// declared; portError says which.
+func DerivePort(configured int32, declared []DeclaredPort) (port int32, ok bool) {
+	if configured != 0 {
+		return configured, true
+	}
+	if len(declared) != 1 {
+		return 0, false
+	}
+	return declared[0].Port, true
+}
+
+// portError is the PortError of a failed DerivePort: owner (e.g. "pod
+// llm/qwen-0") declares no noun, or several (listed by number).
+func portError(field, owner, noun string, declared []DeclaredPort) *PortError {
+	if len(declared) == 0 {
+		return &PortError{Field: field, Reason: fmt.Sprintf("%s declares no %s", owner, noun)}
+	}
+	declared = slices.Clone(declared)
+	slices.SortStableFunc(declared, func(a, b DeclaredPort) int { return cmp.Compare(a.Port, b.Port) })
+	list := make([]string, len(declared))
+	for i, p := range declared {
+		list[i] = strconv.Itoa(int(p.Port))
+		if p.Name != "" {
+			list[i] = p.Name + "=" + list[i]
+		}
+	}
+	return &PortError{Field: field, Reason: fmt.Sprintf("%s declares several %ss (%s)", owner, noun, strings.Join(list, ", "))}
+}
+
+// slicePorts are the ports an EndpointSlice declares.
+func slicePorts(s *discoveryv1.EndpointSlice) []DeclaredPort {
+	var out []DeclaredPort
 	for _, p := range s.Ports {
 		if p.Port == nil {
 			continue
 		}
-		only = *p.Port
-		name := strconv.Itoa(int(*p.Port))
-		if p.Name != nil && *p.Name != "" {
-			name = *p.Name + "=" + name
+		d := DeclaredPort{Port: *p.Port}
+		if p.Name != nil {
+			d.Name = *p.Name
 		}
-		ports = append(ports, name)
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
 	}
-	switch len(ports) {
-	case 1:
-		return only, nil
-	case 0:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("EndpointSlice %s/%s has no port", s.Namespace, s.Name)}
-	default:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("EndpointSlice %s/%s has several ports (%s)", s.Namespace, s.Name, strings.Join(ports, ", "))}
-	}
+	return out
 }
 
 // FromPods returns the pods' addresses (every status.podIPs entry: dual
@@ -154,13 +186,12 @@ func FromPods(pods []corev1.Pod, o Options) ([]compiler.Endpoint, error) {
 		if len(ips) == 0 {
 			continue
 		}
-		port := o.Port
+		port, ok := o.Port, true
 		if port == 0 {
-			pp, err := containerPort(p, o.PortField)
-			if err != nil {
-				return nil, err
+			declared := PodPorts(p)
+			if port, ok = DerivePort(0, declared); !ok {
+				return nil, portError(o.PortField, "pod "+p.Namespace+"/"+p.Name, "TCP containerPort", declared)
 			}
-			port = pp
 		}
 		for _, ip := range ips {
 			out = append(out, compiler.Endpoint{IP: ip, Port: port, Ready: ready, Node: p.Spec.NodeName})
@@ -197,31 +228,20 @@ func podIPs(p *corev1.Pod) []string {
 	return out
 }
 
-func containerPort(p *corev1.Pod, field string) (int32, error) {
-	var ports []int32
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			if cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP {
-				continue
-			}
-			if !slices.Contains(ports, cp.ContainerPort) {
-				ports = append(ports, cp.ContainerPort)
+// PodPorts are the distinct TCP containerPorts the pods declare.
+func PodPorts(pods ...*corev1.Pod) []DeclaredPort {
+	var out []DeclaredPort
+	for _, p := range pods {
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				d := DeclaredPort{Port: cp.ContainerPort}
+				if (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && !slices.Contains(out, d) {
+					out = append(out, d)
+				}
 			}
 		}
 	}
-	switch len(ports) {
-	case 1:
-		return ports[0], nil
-	case 0:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("pod %s/%s declares no TCP containerPort", p.Namespace, p.Name)}
-	default:
-		slices.Sort(ports)
-		s := make([]string, len(ports))
-		for i, v := range ports {
-			s[i] = strconv.Itoa(int(v))
-		}
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("pod %s/%s declares several containerPorts (%s)", p.Namespace, p.Name, strings.Join(s, ", "))}
-	}
+	return out
 }
 
 // NormalizeSnapshot puts every endpoint list of a snapshot not built by
