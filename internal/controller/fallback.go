@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -15,10 +16,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -33,11 +38,12 @@ import (
 // the static last resort kube-proxy keeps right even while autoconfig is
 // down and pod IPs are stale.
 //
-// RBAC: services create/update/delete in the routes' namespaces, only for
-// this (Helm value failOpen.manageFallbackServices; without it such routes
-// report FallbackServiceConflict/NotPermitted and render no VIP tier).
+// RBAC: services create/patch/delete (server-side apply) in the routes'
+// namespaces, only for this (Helm value failOpen.manageFallbackServices;
+// without it such routes report FallbackServiceConflict/NotPermitted and
+// render no VIP tier).
 //
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 
 const (
 	// FallbackSuffix ends every fallback Service name.
@@ -202,9 +208,10 @@ func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, er
 // spec and returns the VIP to use for the backend-svc tier (nil = none):
 //
 //   - not FailOpen+selector: delete the Service if this route controls it;
-//   - FailOpen+selector: create it, or update its selector and port when
-//     they changed (a deleted Service is recreated on the next reconcile:
-//     Service events reach the route through IndexRouteFallbackService);
+//   - FailOpen+selector: server-side apply it (field owner FieldOwner) when
+//     absent or when its fields differ from the spec (a deleted Service is
+//     recreated on the next reconcile: Service events reach the route
+//     through IndexRouteFallbackService);
 //   - a same-named Service this route does not control is never modified:
 //     condition FallbackServiceConflict + a Warning event, no VIP.
 //
@@ -230,6 +237,12 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 
 	var svc corev1.Service
 	err = r.Client.Get(ctx, key, &svc)
+	if apierrors.IsNotFound(err) && r.APIReader != nil {
+		// The cache may lag a Service just created by someone else: ask
+		// the API server before an apply that would create ours.
+		err = r.APIReader.Get(ctx, key, &svc)
+	}
+	var uid types.UID // apply precondition: the Service this route controls
 	switch {
 	case apierrors.IsNotFound(err):
 		if port == 0 {
@@ -238,15 +251,6 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 			r.clearFallbackConflict(route)
 			return nil, nil
 		}
-		svc = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-		r.fillFallback(&svc, route, selector, port)
-		if err := ctrl.SetControllerReference(route, &svc, r.Client.Scheme()); err != nil {
-			return nil, fmt.Errorf("own fallback service: %w", err)
-		}
-		if err := r.Client.Create(ctx, &svc); err != nil {
-			return nil, r.fallbackWriteError(route, key, "create", err)
-		}
-		log.Info("created fallback service", "service", key.String(), "port", port, "selector", selector)
 	case err != nil:
 		return nil, fmt.Errorf("get fallback service %s: %w", key, err)
 	case !metav1.IsControlledBy(&svc, route):
@@ -257,53 +261,89 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		if port == 0 && len(svc.Spec.Ports) > 0 {
 			port = svc.Spec.Ports[0].TargetPort.IntVal // keep the last known port
 		}
-		want := svc.DeepCopy()
-		r.fillFallback(want, route, selector, port)
-		if !equalFallback(&svc, want) {
-			if err := r.Client.Update(ctx, want); err != nil {
-				return nil, r.fallbackWriteError(route, key, "update", err)
-			}
-			log.Info("updated fallback service", "service", key.String(), "port", port, "selector", selector)
-			svc = *want
+		uid = svc.UID
+	}
+	want, err := r.fallbackApply(key, route, selector, port, uid)
+	if err != nil {
+		return nil, err
+	}
+	if uid == "" || !appliedFallback(&svc, want) {
+		verb := "update"
+		if uid == "" {
+			verb = "create"
 		}
+		applied, err := r.applyFallback(ctx, want)
+		if err != nil {
+			return nil, r.fallbackWriteError(route, key, verb, err)
+		}
+		log.Info(verb+"d fallback service", "service", key.String(), "port", port, "selector", selector)
+		svc = *applied
 	}
 	r.clearFallbackConflict(route)
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
 }
 
-// fillFallback writes the fields this route decides into svc, keeping
-// everything the API server or others set (clusterIP, other labels).
-func (r *Reconciler) fillFallback(svc *corev1.Service, route *v1alpha1.ModelRoute, selector map[string]string, port int32) {
-	if svc.Labels == nil {
-		svc.Labels = map[string]string{}
+// FieldOwner is the server-side apply field manager of the fallback
+// Services.
+const FieldOwner = Name
+
+// fallbackApply is the apply configuration of the route's fallback Service:
+// exactly the fields this route decides (labels, annotation, controller
+// reference, type, selector, port); the API server keeps the rest
+// (clusterIP, others' labels). A non-empty uid makes the apply fail unless
+// it reaches that Service (the one the route controls), and an apply
+// without one creates it; ownership is forced, as the route controls the
+// Service and its fields must follow the spec.
+func (r *Reconciler) fallbackApply(key client.ObjectKey, route *v1alpha1.ModelRoute, selector map[string]string, port int32, uid types.UID) (*corev1ac.ServiceApplyConfiguration, error) {
+	gvk, err := apiutil.GVKForObject(route, r.Client.Scheme())
+	if err != nil {
+		return nil, fmt.Errorf("own fallback service: %w", err)
 	}
-	svc.Labels[ManagedByLabel] = ManagedByValue
-	if svc.Annotations == nil {
-		svc.Annotations = map[string]string{}
+	spec := corev1ac.ServiceSpec().WithType(corev1.ServiceTypeClusterIP).WithSelector(selector)
+	if port != 0 {
+		spec.WithPorts(corev1ac.ServicePort().WithName(FallbackPortName).WithProtocol(corev1.ProtocolTCP).
+			WithPort(port).WithTargetPort(intstr.FromInt32(port)))
 	}
-	svc.Annotations[FallbackForAnnotation] = route.Namespace + "/" + route.Name
-	svc.Spec.Type = corev1.ServiceTypeClusterIP
-	svc.Spec.Selector = maps.Clone(selector)
-	if port == 0 {
-		return
+	svc := corev1ac.Service(key.Name, key.Namespace).
+		WithLabels(map[string]string{ManagedByLabel: ManagedByValue}).
+		WithAnnotations(map[string]string{FallbackForAnnotation: route.Namespace + "/" + route.Name}).
+		WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion(gvk.GroupVersion().String()).WithKind(gvk.Kind).
+			WithName(route.Name).WithUID(route.UID).WithController(true).WithBlockOwnerDeletion(true)).
+		WithSpec(spec)
+	if uid != "" {
+		svc.WithUID(uid)
 	}
-	p := corev1.ServicePort{Name: FallbackPortName, Protocol: corev1.ProtocolTCP, Port: port, TargetPort: intstr.FromInt32(port)}
-	if len(svc.Spec.Ports) == 1 {
-		// Keep server-set fields of the existing port (none for ClusterIP
-		// today, but nodePort/appProtocol would survive an update).
-		old := svc.Spec.Ports[0]
-		old.Name, old.Protocol, old.Port, old.TargetPort = p.Name, p.Protocol, p.Port, p.TargetPort
-		p = old
-	}
-	svc.Spec.Ports = []corev1.ServicePort{p}
+	return svc, nil
 }
 
-func equalFallback(a, b *corev1.Service) bool {
-	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) &&
-		a.Spec.Type == b.Spec.Type && maps.Equal(a.Spec.Selector, b.Spec.Selector) &&
-		slices.EqualFunc(a.Spec.Ports, b.Spec.Ports, func(x, y corev1.ServicePort) bool {
-			return x.Name == y.Name && x.Protocol == y.Protocol && x.Port == y.Port && x.TargetPort == y.TargetPort
-		})
+// applyFallback applies want (server-side apply, field owner FieldOwner)
+// and returns the Service as the API server now has it.
+func (r *Reconciler) applyFallback(ctx context.Context, want *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
+	if err := r.Client.Apply(ctx, want, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(want) // the API server's answer
+	if err != nil {
+		return nil, err
+	}
+	var svc corev1.Service
+	if err := json.Unmarshal(b, &svc); err != nil {
+		return nil, err
+	}
+	return &svc, nil
+}
+
+// appliedFallback says whether svc already has every field of want, so an
+// apply would change nothing (and is skipped).
+func appliedFallback(svc *corev1.Service, want *corev1ac.ServiceApplyConfiguration) bool {
+	if svc.Labels[ManagedByLabel] != want.Labels[ManagedByLabel] ||
+		svc.Annotations[FallbackForAnnotation] != want.Annotations[FallbackForAnnotation] ||
+		svc.Spec.Type != *want.Spec.Type || !maps.Equal(svc.Spec.Selector, want.Spec.Selector) {
+		return false
+	}
+	return slices.EqualFunc(svc.Spec.Ports, want.Spec.Ports, func(x corev1.ServicePort, y corev1ac.ServicePortApplyConfiguration) bool {
+		return x.Name == *y.Name && x.Protocol == *y.Protocol && x.Port == *y.Port && x.TargetPort == *y.TargetPort
+	})
 }
 
 // fallbackWriteError turns a forbidden write into the condition (retrying
@@ -312,7 +352,7 @@ func equalFallback(a, b *corev1.Service) bool {
 func (r *Reconciler) fallbackWriteError(route *v1alpha1.ModelRoute, key client.ObjectKey, verb string, err error) error {
 	if apierrors.IsForbidden(err) {
 		r.markFallbackConflict(route, ReasonServiceNotPermitted, fmt.Sprintf(
-			"cannot %s fallback Service %s: %v; grant services create/update/delete (Helm value failOpen.manageFallbackServices: true) or discover the backends by Service", verb, key, err))
+			"cannot %s fallback Service %s: %v; grant services create/patch/delete (Helm value failOpen.manageFallbackServices: true) or discover the backends by Service", verb, key, err))
 		return nil
 	}
 	return fmt.Errorf("%s fallback service %s: %w", verb, key, err)
