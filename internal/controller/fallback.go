@@ -1,30 +1,24 @@
 package controller
 
+// This file: the fallback Service step: what a FailOpen selector route
+// wants (name, selector) and the reconcile step that gets it there.
+
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
@@ -116,34 +110,6 @@ func wantsFallback(route *v1alpha1.ModelRoute) bool {
 	return route.Spec.FailureMode == v1alpha1.FailOpen && d.Service == "" && d.Selector != ""
 }
 
-// fallbackKey is the index value of a selector route (any failure mode).
-func fallbackKey(route *v1alpha1.ModelRoute) []string {
-	if route.Spec.Discovery.Service != "" || route.Spec.Discovery.Selector == "" {
-		return nil
-	}
-	return []string{route.Namespace + "/" + FallbackServiceName(route.Name)}
-}
-
-// SetupFallbackIndex registers IndexRouteFallbackService.
-func SetupFallbackIndex(ctx context.Context, idx client.FieldIndexer) error {
-	if err := idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteFallbackService, func(o client.Object) []string {
-		r, ok := o.(*v1alpha1.ModelRoute)
-		if !ok {
-			return nil
-		}
-		return fallbackKey(r)
-	}); err != nil {
-		return fmt.Errorf("index %s: %w", IndexRouteFallbackService, err)
-	}
-	return nil
-}
-
-// mapFallbackService maps a Service event to the selector routes whose
-// fallback Service has that name.
-func (r *Reconciler) mapFallbackService(ctx context.Context, o client.Object) []reconcile.Request {
-	return requests(r.routesBy(ctx, IndexRouteFallbackService, o.GetNamespace()+"/"+o.GetName()))
-}
-
 // fallbackSelector turns a label selector string into a Service selector:
 // only equality requirements (k=v, k==v, k in (v)) can be expressed.
 func fallbackSelector(s string) (map[string]string, error) {
@@ -166,33 +132,6 @@ func fallbackSelector(s string) (map[string]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// fallbackPort is spec.discovery.port, else the one TCP containerPort the
-// selected pods declare (discovery.DerivePort, the rule discovery uses; pods
-// without an IP count too: the Service selects them as well). 0 = not
-// derivable yet.
-func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRoute) (int32, error) {
-	d := route.Spec.Discovery
-	if d.Port != 0 {
-		return d.Port, nil
-	}
-	sel, err := labels.Parse(d.Selector)
-	if err != nil {
-		return 0, nil
-	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return 0, fmt.Errorf("list pods %q in %s: %w", d.Selector, route.Namespace, err)
-	}
-	var live []*corev1.Pod
-	for i := range pods.Items {
-		if pods.Items[i].DeletionTimestamp == nil {
-			live = append(live, &pods.Items[i])
-		}
-	}
-	port, _ := discovery.DerivePort(0, discovery.PodPorts(live...))
-	return port, nil
 }
 
 // reconcileFallback is the reconcile step around reconcileFallbackService;
@@ -281,121 +220,4 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 	}
 	r.clearFallbackConflict(route)
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
-}
-
-// FieldOwner is the server-side apply field manager of the fallback
-// Services.
-const FieldOwner = Name
-
-// fallbackApply is the apply configuration of the route's fallback Service:
-// exactly the fields this route decides (labels, annotation, controller
-// reference, type, selector, port); the API server keeps the rest
-// (clusterIP, others' labels). A non-empty uid makes the apply fail unless
-// it reaches that Service (the one the route controls), and an apply
-// without one creates it; ownership is forced, as the route controls the
-// Service and its fields must follow the spec.
-func (r *Reconciler) fallbackApply(key client.ObjectKey, route *v1alpha1.ModelRoute, selector map[string]string, port int32, uid types.UID) (*corev1ac.ServiceApplyConfiguration, error) {
-	gvk, err := apiutil.GVKForObject(route, r.Client.Scheme())
-	if err != nil {
-		return nil, fmt.Errorf("own fallback service: %w", err)
-	}
-	spec := corev1ac.ServiceSpec().WithType(corev1.ServiceTypeClusterIP).WithSelector(selector)
-	if port != 0 {
-		spec.WithPorts(corev1ac.ServicePort().WithName(FallbackPortName).WithProtocol(corev1.ProtocolTCP).
-			WithPort(port).WithTargetPort(intstr.FromInt32(port)))
-	}
-	svc := corev1ac.Service(key.Name, key.Namespace).
-		WithLabels(map[string]string{ManagedByLabel: ManagedByValue}).
-		WithAnnotations(map[string]string{FallbackForAnnotation: route.Namespace + "/" + route.Name}).
-		WithOwnerReferences(metav1ac.OwnerReference().WithAPIVersion(gvk.GroupVersion().String()).WithKind(gvk.Kind).
-			WithName(route.Name).WithUID(route.UID).WithController(true).WithBlockOwnerDeletion(true)).
-		WithSpec(spec)
-	if uid != "" {
-		svc.WithUID(uid)
-	}
-	return svc, nil
-}
-
-// applyFallback applies want (server-side apply, field owner FieldOwner)
-// and returns the Service as the API server now has it.
-func (r *Reconciler) applyFallback(ctx context.Context, want *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
-	if err := r.Client.Apply(ctx, want, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-		return nil, err
-	}
-	b, err := json.Marshal(want) // the API server's answer
-	if err != nil {
-		return nil, err
-	}
-	var svc corev1.Service
-	if err := json.Unmarshal(b, &svc); err != nil {
-		return nil, err
-	}
-	return &svc, nil
-}
-
-// appliedFallback says whether svc already has every field of want, so an
-// apply would change nothing (and is skipped).
-func appliedFallback(svc *corev1.Service, want *corev1ac.ServiceApplyConfiguration) bool {
-	if svc.Labels[ManagedByLabel] != want.Labels[ManagedByLabel] ||
-		svc.Annotations[FallbackForAnnotation] != want.Annotations[FallbackForAnnotation] ||
-		svc.Spec.Type != *want.Spec.Type || !maps.Equal(svc.Spec.Selector, want.Spec.Selector) {
-		return false
-	}
-	return slices.EqualFunc(svc.Spec.Ports, want.Spec.Ports, func(x corev1.ServicePort, y corev1ac.ServicePortApplyConfiguration) bool {
-		return x.Name == *y.Name && x.Protocol == *y.Protocol && x.Port == *y.Port && x.TargetPort == *y.TargetPort
-	})
-}
-
-// fallbackWriteError turns a forbidden write into the condition (retrying
-// cannot grant RBAC; the next event on the route retries) and passes other
-// errors on for the workqueue's backoff.
-func (r *Reconciler) fallbackWriteError(route *v1alpha1.ModelRoute, key client.ObjectKey, verb string, err error) error {
-	if apierrors.IsForbidden(err) {
-		r.markFallbackConflict(route, ReasonServiceNotPermitted, fmt.Sprintf(
-			"cannot %s fallback Service %s: %v; grant services create/patch/delete (Helm value failOpen.manageFallbackServices: true) or discover the backends by Service", verb, key, err))
-		return nil
-	}
-	return fmt.Errorf("%s fallback service %s: %w", verb, key, err)
-}
-
-// cleanupFallbackService deletes the route's fallback Service if the route
-// controls it (route deleted, or no longer FailOpen+selector); a foreign
-// Service of that name is left alone. Called by the finalizer too.
-func (r *Reconciler) cleanupFallbackService(ctx context.Context, route *v1alpha1.ModelRoute) error {
-	key := client.ObjectKey{Namespace: route.Namespace, Name: FallbackServiceName(route.Name)}
-	var svc corev1.Service
-	if err := r.Client.Get(ctx, key, &svc); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if !metav1.IsControlledBy(&svc, route) {
-		return nil
-	}
-	err := r.Client.Delete(ctx, &svc, client.Preconditions{UID: &svc.UID})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil // gone, or replaced by someone else's object
-	}
-	if apierrors.IsForbidden(err) {
-		ctrl.LoggerFrom(ctx).Info("cannot delete fallback service: not permitted; delete it by hand", "service", key.String())
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("delete fallback service %s: %w", key, err)
-	}
-	ctrl.LoggerFrom(ctx).Info("deleted fallback service", "service", key.String())
-	return nil
-}
-
-// markFallbackConflict sets the condition and emits a Warning event when
-// the condition appears or changes reason (transitions, not every
-// reconcile).
-func (r *Reconciler) markFallbackConflict(route *v1alpha1.ModelRoute, reason, msg string) {
-	before := meta.FindStatusCondition(route.Status.Conditions, TypeFallbackServiceConflict)
-	setCondition(route, TypeFallbackServiceConflict, metav1.ConditionTrue, reason, msg)
-	if r.Recorder != nil && (before == nil || before.Status != metav1.ConditionTrue || before.Reason != reason) {
-		r.Recorder.Eventf(route, nil, corev1.EventTypeWarning, TypeFallbackServiceConflict, "FallbackService", "%s", msg)
-	}
-}
-
-func (r *Reconciler) clearFallbackConflict(route *v1alpha1.ModelRoute) {
-	meta.RemoveStatusCondition(&route.Status.Conditions, TypeFallbackServiceConflict)
 }
