@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -18,23 +17,6 @@ import (
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
-
-// fbWait polls cond until it holds or 20 s pass (a deadline, not a sleep
-// that decides the outcome).
-func fbWait(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last state: %s", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // fbEnv is a namespace, a FailOpen selector route stored in the API server
 // (it needs a UID for owner references) and a Reconciler on a direct
@@ -135,7 +117,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if err := k8s.Delete(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the Service to be gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service to be gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
 	if ip, _ := e.reconcile(t); ip == "" {
 		t.Error("no VIP after recreation")
 	}
@@ -187,7 +169,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if ip, _ := e.reconcile(t); ip != "" {
 		t.Errorf("FailClose got VIP %s", ip)
 	}
-	fbWait(t, "the Service deleted on FailClose", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service deleted on FailClose", func() (bool, string) { return e.svc(t) == nil, "still there" })
 
 	// Back to FailOpen, then the route goes away (finalizer path).
 	e.route.Spec.FailureMode = v1alpha1.FailOpen
@@ -198,7 +180,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if err := e.r.cleanupFallbackService(ctx, e.route); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the Service deleted with the route", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service deleted with the route", func() (bool, string) { return e.svc(t) == nil, "still there" })
 }
 
 // TestFallbackServiceForeign: a same-named Service the route does not own
@@ -241,7 +223,7 @@ func TestFallbackServiceForeign(t *testing.T) {
 	}
 	// One Warning event, on the route (transitions only: two conflicting
 	// reconciles gave one event).
-	fbWait(t, "the FallbackServiceConflict event", func() (bool, string) {
+	eventually(t, "the FallbackServiceConflict event", func() (bool, string) {
 		var l eventsv1.EventList
 		if err := k8s.List(ctx, &l, client.InNamespace(e.ns)); err != nil {
 			return false, err.Error()
@@ -260,7 +242,7 @@ func TestFallbackServiceForeign(t *testing.T) {
 	if err := k8s.Delete(ctx, e.svc(t)); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the foreign Service gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the foreign Service gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
 	if ip, _ := e.reconcile(t); ip == "" || !metav1.IsControlledBy(e.svc(t), e.route) || e.conflict() != nil {
 		t.Errorf("after the foreign Service left: VIP %q, condition %+v", ip, e.conflict())
 	}
