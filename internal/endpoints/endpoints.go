@@ -99,9 +99,9 @@ func Normalize(in []Endpoint) []Endpoint {
 	}
 	out := make([]Endpoint, 0, len(in))
 	// keep appends the best of the duplicates dups (input indexes).
-	keep := func(dups func(yield func(int) bool), v6 bool, hi, lo uint64) {
+	keep := func(dups []int, v6 bool, hi, lo uint64) {
 		best, node := -1, ""
-		for k := range dups {
+		for _, k := range dups {
 			if best < 0 || better(&in[k], &in[best]) {
 				best = k
 			}
@@ -126,20 +126,18 @@ func Normalize(in []Endpoint) []Endpoint {
 		}
 		out = append(out, e)
 	}
+	var dups []int
 	slices.Sort(v4)
 	for i := 0; i < len(v4); {
 		j := i + 1
 		for j < len(v4) && v4[j]>>16 == v4[i]>>16 {
 			j++
 		}
-		run := v4[i:j]
-		keep(func(yield func(int) bool) {
-			for _, v := range run {
-				if !yield(int(v & 0xffff)) {
-					return
-				}
-			}
-		}, false, 0, 0)
+		dups = dups[:0]
+		for _, v := range v4[i:j] {
+			dups = append(dups, int(v&0xffff))
+		}
+		keep(dups, false, 0, 0)
 		i = j
 	}
 	slices.SortFunc(keys, func(a, b sortKey) int {
@@ -163,14 +161,11 @@ func Normalize(in []Endpoint) []Endpoint {
 		for j < len(keys) && keys[j].hi == keys[i].hi && keys[j].lo == keys[i].lo && keys[j].v6 == keys[i].v6 && keys[j].port == keys[i].port {
 			j++
 		}
-		run := keys[i:j]
-		keep(func(yield func(int) bool) {
-			for _, k := range run {
-				if !yield(int(k.idx)) {
-					return
-				}
-			}
-		}, run[0].v6, run[0].hi, run[0].lo)
+		dups = dups[:0]
+		for _, k := range keys[i:j] {
+			dups = append(dups, int(k.idx))
+		}
+		keep(dups, keys[i].v6, keys[i].hi, keys[i].lo)
 		i = j
 	}
 	slices.SortStableFunc(bad, func(a, b int) int {
