@@ -210,6 +210,8 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		verb := "update"
 		if uid == "" {
 			verb = "create"
+		} else if err := r.upgradeFallbackFields(ctx, key); err != nil {
+			return nil, r.fallbackWriteError(route, key, verb, err)
 		}
 		applied, err := r.applyFallback(ctx, want)
 		if err != nil {

@@ -13,8 +13,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/sets"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	"k8s.io/client-go/util/csaupgrade"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
@@ -82,4 +84,26 @@ func appliedFallback(svc *corev1.Service, want *corev1ac.ServiceApplyConfigurati
 	return slices.EqualFunc(svc.Spec.Ports, want.Spec.Ports, func(x corev1.ServicePort, y corev1ac.ServicePortApplyConfiguration) bool {
 		return x.Name == *y.Name && x.Protocol == *y.Protocol && x.Port == *y.Port && x.TargetPort == *y.TargetPort
 	})
+}
+
+// upgradeFallbackFields hands the fields an earlier autoconfig wrote with
+// create/update (manager FieldOwner, operation Update) to the apply
+// manager, so an apply can also remove them: otherwise a changed port would
+// be added next to the old one instead of replacing it. It reads the live
+// Service (the cache holds no managed fields) and patches only when there is
+// something to hand over (once per Service).
+func (r *Reconciler) upgradeFallbackFields(ctx context.Context, key client.ObjectKey) error {
+	var reader client.Reader = r.Client
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
+	var svc corev1.Service
+	if err := reader.Get(ctx, key, &svc); err != nil {
+		return err
+	}
+	patch, err := csaupgrade.UpgradeManagedFieldsPatch(&svc, sets.New(FieldOwner), FieldOwner)
+	if err != nil || patch == nil {
+		return err
+	}
+	return r.Client.Patch(ctx, &svc, client.RawPatch(types.JSONPatchType, patch))
 }

@@ -10,9 +10,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -322,4 +324,33 @@ func TestFallbackServiceEndToEnd(t *testing.T) {
 		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tiny"}, &r)
 		return apierrors.IsNotFound(err) && e.svc(t) == nil, "route or Service still there"
 	})
+}
+
+// TestFallbackServiceUpgradeFromUpdate: a fallback Service an earlier
+// autoconfig created with a plain create (manager FieldOwner, operation
+// Update) follows a port change under server-side apply: the old port is
+// replaced, not kept next to the new one.
+func TestFallbackServiceUpgradeFromUpdate(t *testing.T) {
+	ctx := context.Background()
+	e := newFallbackEnv(t, "tiny")
+	old := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: FallbackServiceName("tiny"),
+			Labels: map[string]string{ManagedByLabel: ManagedByValue}, Annotations: map[string]string{FallbackForAnnotation: e.ns + "/tiny"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Selector: map[string]string{"app": "tiny"},
+			Ports: []corev1.ServicePort{{Name: FallbackPortName, Protocol: corev1.ProtocolTCP, Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
+	}
+	if err := ctrl.SetControllerReference(e.route, old, k8s.Scheme()); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Create(ctx, old, client.FieldOwner(FieldOwner)); err != nil {
+		t.Fatal(err)
+	}
+	e.route.Spec.Discovery.Port = 9000
+	if _, port := e.reconcile(t); port != 9000 {
+		t.Fatalf("VIP port %d, want 9000", port)
+	}
+	s := e.svc(t)
+	if s.UID != old.UID || len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Port != 9000 || s.Spec.Ports[0].TargetPort.IntValue() != 9000 {
+		t.Fatalf("Service after the port change: uid %s→%s ports %+v", old.UID, s.UID, s.Spec.Ports)
+	}
 }
