@@ -7,8 +7,9 @@ import (
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
-// benchSnapshot has n backends (IPv4, a few IPv6) in discovery order that is
-// not sorted, plus both VIPs, CART and nginx pods.
+// benchSnapshot has n backends (IPv4, a few IPv6), built in an order that is
+// not sorted and then normalised as discovery does, plus both VIPs, CART and
+// nginx pods.
 func benchSnapshot(n int) Snapshot {
 	s := Snapshot{
 		BackendService: &ServiceVIP{IP: "10.96.0.10", Port: 8000},
@@ -23,7 +24,7 @@ func benchSnapshot(n int) Snapshot {
 		}
 		s.Backends = append(s.Backends, Endpoint{IP: ip, Port: 8000, Ready: true, GPUProduct: "NVIDIA-H100-80GB-HBM3"})
 	}
-	return s
+	return normalized(s)
 }
 
 func benchLLMRoute() *Route {

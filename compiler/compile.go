@@ -1,15 +1,13 @@
 package compiler
 
 import (
-	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/modelsphere/autoconfig/internal/endpoints"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
@@ -137,9 +135,11 @@ func OwnedKeys(route *Route) []OwnedKey {
 // a fixed order: the openresty route file, the CART config.yaml (when
 // spec.cart is set), the monitor file (when spec.monitor is set).
 //
-// It fails with ErrNoBackends when the snapshot has no backends, and on
-// malformed endpoints (bad IP, port outside 1–65535): nothing is rendered
-// from data that would break a consumer.
+// It fails with ErrNoBackends when the snapshot has no backends, on
+// malformed endpoints (bad IP, port outside 1–65535) and on endpoint lists
+// not in normal form (sorted and unique: endpoints.Normalize, which
+// discovery applies): nothing is rendered from data that would break a
+// consumer or depend on discovery order.
 func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 	var res Result
 	if route == nil {
@@ -154,7 +154,7 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 		return res, fmt.Errorf("route name %q must be 1-63 characters of a-z, 0-9, '.', '_', '-' (validate the route with the schema first)", name)
 	}
 	c := compilation{route: route, name: name, opts: opts, res: &res}
-	if c.backends, err = normalize(snap.Backends, "backend"); err != nil {
+	if c.backends, err = checkEndpoints(snap.Backends, "backend"); err != nil {
 		return res, err
 	}
 	if len(c.backends) == 0 {
@@ -166,10 +166,10 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 	if c.cartSvc, err = normalizeVIP(snap.CartService, "cart service"); err != nil {
 		return res, err
 	}
-	if c.cartPods, err = normalize(snap.CartPods, "cart pod"); err != nil {
+	if c.cartPods, err = checkEndpoints(snap.CartPods, "cart pod"); err != nil {
 		return res, err
 	}
-	if c.nginxPods, err = normalize(snap.NginxPods, "nginx pod"); err != nil {
+	if c.nginxPods, err = checkEndpoints(snap.NginxPods, "nginx pod"); err != nil {
 		return res, err
 	}
 
@@ -214,7 +214,7 @@ func constant(b []byte) func([]byte) ([]byte, error) {
 	return func([]byte) ([]byte, error) { return b, nil }
 }
 
-// compilation carries one Compile call's normalized inputs.
+// compilation carries one Compile call's checked inputs.
 type compilation struct {
 	route      *Route
 	name       string
@@ -285,114 +285,41 @@ func parseEndpoint(ip string, port int32, what string) (endpoint, error) {
 	return endpoint{ip: ip, port: port, v6: a.Is6()}, nil
 }
 
-// normalize parses, sorts (by address, then port) and deduplicates
-// endpoints, so the output does not depend on discovery order. Sorting runs
-// on pointer-free keys (no write barriers, no netip.Compare calls) and the
-// result is built once, in order, straight from the input: at 10,000
-// endpoints this is most of Compile's time.
-func normalize(in []Endpoint, what string) ([]endpoint, error) {
-	// IPv4 endpoints (the common case) sort as packed uint64s (address,
-	// port, index), with no comparison closure; the rest (IPv6, or more
-	// endpoints than the index field holds) go through the general
-	// comparison. IPv4 comes first, as netip.Addr.Compare orders them.
-	pack := len(in) <= 1<<16
-	var v4 []uint64
-	var keys []sortKey
-	var text map[int]string // canonical text of inputs not written canonically (rare)
-	if pack {
-		v4 = make([]uint64, 0, len(in))
-	}
+// checkEndpoints parses and validates every endpoint (bad IP, zone, port
+// range) and checks the list is in normal form: sorted and unique, as
+// endpoints.Normalize leaves it (discovery applies it). The compiler does not
+// sort again, so it renders in the order given and refuses another order.
+// A bad endpoint is reported before an order violation.
+func checkEndpoints(in []Endpoint, what string) ([]endpoint, error) {
+	out := make([]endpoint, 0, len(in))
+	var orderErr error
+	var prev netip.Addr
 	for i := range in {
 		a, canonical, err := parseAddr(in[i].IP, in[i].Port, what)
 		if err != nil {
 			return nil, err
 		}
-		if !canonical && a.Is4() {
-			if text == nil {
-				text = map[int]string{}
+		if i > 0 && orderErr == nil {
+			if c := endpoints.Compare(prev, in[i-1].Port, a, in[i].Port); c >= 0 {
+				problem := "is out of order after"
+				if c == 0 {
+					problem = "duplicates"
+				}
+				orderErr = fmt.Errorf("%s endpoints are not sorted and unique: #%d (%s port %d) %s #%d (%s port %d); normalise the list with discovery first",
+					what, i, in[i].IP, in[i].Port, problem, i-1, in[i-1].IP, in[i-1].Port)
 			}
-			text[i] = a.String()
 		}
-		if pack && a.Is4() {
-			a4 := a.As4()
-			v4 = append(v4, uint64(binary.BigEndian.Uint32(a4[:]))<<32|uint64(uint16(in[i].Port))<<16|uint64(i))
-			continue
+		prev = a
+		ip := in[i].IP
+		if !canonical {
+			ip = a.String()
 		}
-		a16 := a.As16()
-		keys = append(keys, sortKey{
-			hi:   binary.BigEndian.Uint64(a16[:8]),
-			lo:   binary.BigEndian.Uint64(a16[8:]),
-			v6:   a.Is6(),
-			port: uint16(in[i].Port),
-			idx:  uint32(i),
-		})
+		out = append(out, endpoint{ip: ip, gpu: in[i].GPUProduct, port: in[i].Port, v6: a.Is6()})
 	}
-	at := func(i int, v6 bool, hi, lo uint64) endpoint {
-		e := endpoint{ip: in[i].IP, gpu: in[i].GPUProduct, port: in[i].Port, v6: v6}
-		switch {
-		case v6:
-			var a16 [16]byte
-			binary.BigEndian.PutUint64(a16[:8], hi)
-			binary.BigEndian.PutUint64(a16[8:], lo)
-			e.ip = netip.AddrFrom16(a16).String()
-		case text != nil:
-			if t, ok := text[i]; ok {
-				e.ip = t
-			}
-		}
-		return e
-	}
-	out := make([]endpoint, 0, len(in))
-	slices.Sort(v4)
-	for i := 0; i < len(v4); {
-		// A run of the same address and port is one endpoint; the smallest
-		// GPU label wins, whatever the input order.
-		best := int(v4[i] & 0xffff)
-		j := i + 1
-		for ; j < len(v4) && v4[j]>>16 == v4[i]>>16; j++ {
-			if k := int(v4[j] & 0xffff); in[k].GPUProduct < in[best].GPUProduct {
-				best = k
-			}
-		}
-		out = append(out, at(best, false, 0, 0))
-		i = j
-	}
-	slices.SortFunc(keys, func(a, b sortKey) int {
-		// IPv4 before IPv6, as netip.Addr.Compare orders them.
-		if a.v6 != b.v6 {
-			if a.v6 {
-				return 1
-			}
-			return -1
-		}
-		if c := cmp.Compare(a.hi, b.hi); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.lo, b.lo); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.port, b.port); c != 0 {
-			return c
-		}
-		// Duplicates: the smallest GPU label wins, whatever the order.
-		return strings.Compare(in[a.idx].GPUProduct, in[b.idx].GPUProduct)
-	})
-	for i, k := range keys {
-		if i > 0 && k.hi == keys[i-1].hi && k.lo == keys[i-1].lo && k.v6 == keys[i-1].v6 && k.port == keys[i-1].port {
-			continue
-		}
-		out = append(out, at(int(k.idx), k.v6, k.hi, k.lo))
+	if orderErr != nil {
+		return nil, orderErr
 	}
 	return out, nil
-}
-
-// sortKey orders endpoints outside the packed IPv4 path: family, address
-// bytes, port.
-type sortKey struct {
-	hi, lo uint64
-	v6     bool
-	port   uint16
-	idx    uint32
 }
 
 func normalizeVIP(v *ServiceVIP, what string) (*endpoint, error) {

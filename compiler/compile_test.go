@@ -43,7 +43,8 @@ func renderAll(t testing.TB, res Result, base []byte) string {
 
 const cartBase = "# chart\nserver:\n  port: 9000 # port\nworkers: [] # filled by autoconfig\npolicy: cache_aware\n"
 
-// TestDeterministic: shuffled and duplicated endpoints render the same bytes.
+// TestDeterministic: shuffled and duplicated endpoints render the same bytes
+// once normalised (endpoints.Normalize, as discovery does).
 func TestDeterministic(t *testing.T) {
 	r := llmRoute("m", map[string]string{"default_max": "8", "b": "2", "a": "1"},
 		routespec.Peer{Use: "backend", Priority: 2, MaxConcurrency: 4},
@@ -58,7 +59,7 @@ func TestDeterministic(t *testing.T) {
 		s.Backends = append([]Endpoint(nil), snap.Backends...)
 		s.Backends = append(s.Backends, s.Backends[rng.IntN(len(s.Backends))])
 		rng.Shuffle(len(s.Backends), func(i, j int) { s.Backends[i], s.Backends[j] = s.Backends[j], s.Backends[i] })
-		if got := renderAll(t, mustCompile(t, r, s), []byte(cartBase)); got != want {
+		if got := renderAll(t, mustCompile(t, r, normalized(s)), []byte(cartBase)); got != want {
 			t.Fatalf("shuffle %d rendered different bytes", i)
 		}
 	}
@@ -87,6 +88,17 @@ func TestCompileErrorsAndWarnings(t *testing.T) {
 	for _, bad := range []Endpoint{{IP: "10.0.0.x", Port: 80}, {IP: "10.0.0.1", Port: 0}, {IP: "fe80::1%eth0", Port: 80}} {
 		if _, err := Compile(r, Snapshot{Backends: []Endpoint{bad}}, Options{}); err == nil {
 			t.Errorf("endpoint %+v accepted", bad)
+		}
+	}
+	// Lists not in normal form (discovery normalises) are refused, naming
+	// the violation; a bad endpoint is reported first.
+	for want, list := range map[string][]Endpoint{
+		"is out of order after": {{IP: "10.0.0.2", Port: 80}, {IP: "10.0.0.1", Port: 80}},
+		"duplicates":            {{IP: "10.0.0.1", Port: 80}, {IP: "::ffff:10.0.0.1", Port: 80}},
+		"bad IP":                {{IP: "10.0.0.2", Port: 80}, {IP: "10.0.0.1", Port: 80}, {IP: "x", Port: 80}},
+	} {
+		if _, err := Compile(r, Snapshot{Backends: list}, Options{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: %v, want an error with %q", list, err, want)
 		}
 	}
 	if _, err := Compile(r, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 80}}}, Options{SockDir: "/x; y"}); err == nil {
@@ -165,7 +177,7 @@ func TestShortGPU(t *testing.T) {
 func TestMonitor(t *testing.T) {
 	r := llmRoute("m", nil, routespec.Peer{Use: "backend", Priority: 2})
 	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "mon/conf", Model: "org/model"}
-	snap := Snapshot{
+	snap := normalized(Snapshot{
 		Backends: []Endpoint{
 			{IP: "10.0.0.2", Port: 80, GPUProduct: "NVIDIA-A100-SXM4-80GB"},
 			{IP: "10.0.0.1", Port: 80, GPUProduct: "NVIDIA-H100-80GB-HBM3"},
@@ -173,7 +185,7 @@ func TestMonitor(t *testing.T) {
 		},
 		NginxPods: []Endpoint{{IP: "10.1.0.1", Port: 8080}},
 		CartPods:  []Endpoint{{IP: "10.2.0.1", Port: 9000}},
-	}
+	})
 	res := mustCompile(t, r, snap)
 	got, _ := res.Outputs[1].Render(nil)
 	want := "# org_model.monitor.conf: written by autoconfig from ModelRoute llm-route/m; do not edit.\n" +

@@ -30,6 +30,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []s
 	if snap, err = ParseSnapshot(snapSrc); err != nil {
 		t.Fatal(err)
 	}
+	snap = normalized(snap) // as autoconfig compile does
 	if base, err = os.ReadFile(filepath.Join(root, "testdata", "snapshots", "cart-base.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func tierSummary(t *testing.T, r *Route, snap Snapshot) ([]string, []string) {
 	t.Helper()
 	c := compilation{route: r, name: RouteName(r), res: &Result{}}
 	var err error
-	if c.backends, err = normalize(snap.Backends, "backend"); err != nil {
+	if c.backends, err = checkEndpoints(snap.Backends, "backend"); err != nil {
 		t.Fatal(err)
 	}
 	if c.backendSvc, err = normalizeVIP(snap.BackendService, "backend service"); err != nil {

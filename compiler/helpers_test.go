@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/endpoints"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -61,11 +62,11 @@ func startNginx(t *testing.T) *nginxtest.Nginx {
 	})
 }
 
-// install compiles route against snap for n's socket dir, writes the route
-// file and reloads nginx.
+// install compiles route against snap (normalised, as discovery leaves it)
+// for n's socket dir, writes the route file and reloads nginx.
 func install(t *testing.T, n *nginxtest.Nginx, route *Route, snap Snapshot) Result {
 	t.Helper()
-	res, err := Compile(route, snap, Options{SockDir: n.SockDir()})
+	res, err := Compile(route, normalized(snap), Options{SockDir: n.SockDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,4 +125,14 @@ func clone(r *Route) *Route {
 	c := *r
 	r.Spec.DeepCopyInto(&c.Spec)
 	return &c
+}
+
+// normalized puts the snapshot's endpoint lists in the normal form Compile
+// requires, with the function discovery uses (discovery.NormalizeSnapshot
+// does the same; the compiler's tests cannot import discovery).
+func normalized(s Snapshot) Snapshot {
+	s.Backends = endpoints.Normalize(s.Backends)
+	s.CartPods = endpoints.Normalize(s.CartPods)
+	s.NginxPods = endpoints.Normalize(s.NginxPods)
+	return s
 }

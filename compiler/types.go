@@ -2,23 +2,16 @@
 // snapshot into the exact bytes of every output it owns: the openresty route
 // file, the CART config.yaml workers section and the monitor lines. It is
 // pure Go: no Kubernetes client and no CUE on the render path. Same input,
-// byte-identical output (endpoints are sorted).
+// byte-identical output (endpoints come sorted and unique; the compiler
+// checks that rather than sorting again).
 package compiler
 
-// Endpoint is one discovered endpoint.
-type Endpoint struct {
-	// IP is an IPv4 or IPv6 address (IPv6 without brackets).
-	IP string `json:"ip"`
-	// Port is the endpoint's port.
-	Port int32 `json:"port"`
-	// Ready is the endpoint's readiness as discovered; discovery already
-	// applied includeNotReady, so the compiler renders every endpoint given.
-	Ready bool `json:"ready"`
-	// Node is the node name, if known.
-	Node string `json:"node,omitempty"`
-	// GPUProduct is the node's nvidia.com/gpu.product label, if any.
-	GPUProduct string `json:"gpuProduct,omitempty"`
-}
+import "github.com/modelsphere/autoconfig/internal/endpoints"
+
+// Endpoint is one discovered endpoint (IP, port, readiness, node, GPU
+// label). Lists of them must be in normal form, sorted and unique
+// (internal/endpoints.Normalize, which discovery applies).
+type Endpoint = endpoints.Endpoint
 
 // ServiceVIP is a Service's ClusterIP and the port to use on it.
 type ServiceVIP struct {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
@@ -100,7 +101,7 @@ func runCompile(o *compileOptions, stdin io.Reader, stdout, stderr io.Writer) er
 	if err != nil {
 		return fmt.Errorf("%s: %w", o.endpoints, err)
 	}
-	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, snap, compiler.Options{SockDir: o.sockDir})
+	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), compiler.Options{SockDir: o.sockDir})
 	if err != nil {
 		return err
 	}

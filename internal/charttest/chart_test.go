@@ -182,7 +182,7 @@ func TestDefaultRender(t *testing.T) {
 		{"", "configmaps", []string{"get", "list", "patch", "update", "watch"}},
 		{"discovery.k8s.io", "endpointslices", []string{"get", "list", "watch"}},
 		{"", "pods", []string{"get", "list", "watch"}},
-		{"", "services", []string{"create", "delete", "get", "list", "update", "watch"}},
+		{"", "services", []string{"create", "delete", "get", "list", "patch", "watch"}}, // patch: server-side apply of the fallback Service
 		{"routing.modelsphere.dev", "modelroutes", []string{"get", "list", "patch", "update", "watch"}},
 		{"routing.modelsphere.dev", "modelroutes/status", []string{"get", "patch", "update"}},
 		{"routing.modelsphere.dev", "modelroutes/finalizers", []string{"update"}},

@@ -1,25 +1,24 @@
 package controller
 
+// This file: the fallback Service step: what a FailOpen selector route
+// wants (name, selector) and the reconcile step that gets it there.
+
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
@@ -33,11 +32,12 @@ import (
 // the static last resort kube-proxy keeps right even while autoconfig is
 // down and pod IPs are stale.
 //
-// RBAC: services create/update/delete in the routes' namespaces, only for
-// this (Helm value failOpen.manageFallbackServices; without it such routes
-// report FallbackServiceConflict/NotPermitted and render no VIP tier).
+// RBAC: services create/patch/delete (server-side apply) in the routes'
+// namespaces, only for this (Helm value failOpen.manageFallbackServices;
+// without it such routes report FallbackServiceConflict/NotPermitted and
+// render no VIP tier).
 //
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch;delete
 
 const (
 	// FallbackSuffix ends every fallback Service name.
@@ -110,34 +110,6 @@ func wantsFallback(route *v1alpha1.ModelRoute) bool {
 	return route.Spec.FailureMode == v1alpha1.FailOpen && d.Service == "" && d.Selector != ""
 }
 
-// fallbackKey is the index value of a selector route (any failure mode).
-func fallbackKey(route *v1alpha1.ModelRoute) []string {
-	if route.Spec.Discovery.Service != "" || route.Spec.Discovery.Selector == "" {
-		return nil
-	}
-	return []string{route.Namespace + "/" + FallbackServiceName(route.Name)}
-}
-
-// SetupFallbackIndex registers IndexRouteFallbackService.
-func SetupFallbackIndex(ctx context.Context, idx client.FieldIndexer) error {
-	if err := idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteFallbackService, func(o client.Object) []string {
-		r, ok := o.(*v1alpha1.ModelRoute)
-		if !ok {
-			return nil
-		}
-		return fallbackKey(r)
-	}); err != nil {
-		return fmt.Errorf("index %s: %w", IndexRouteFallbackService, err)
-	}
-	return nil
-}
-
-// mapFallbackService maps a Service event to the selector routes whose
-// fallback Service has that name.
-func (r *Reconciler) mapFallbackService(ctx context.Context, o client.Object) []reconcile.Request {
-	return requests(r.routesBy(ctx, IndexRouteFallbackService, o.GetNamespace()+"/"+o.GetName()))
-}
-
 // fallbackSelector turns a label selector string into a Service selector:
 // only equality requirements (k=v, k==v, k in (v)) can be expressed.
 func fallbackSelector(s string) (map[string]string, error) {
@@ -162,41 +134,6 @@ func fallbackSelector(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// fallbackPort is spec.discovery.port, else the one TCP containerPort every
-// selected pod declares (the rule discovery uses; pods without an IP count
-// too: the Service selects them as well). 0 = not derivable yet.
-func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRoute) (int32, error) {
-	d := route.Spec.Discovery
-	if d.Port != 0 {
-		return d.Port, nil
-	}
-	sel, err := labels.Parse(d.Selector)
-	if err != nil {
-		return 0, nil
-	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return 0, fmt.Errorf("list pods %q in %s: %w", d.Selector, route.Namespace, err)
-	}
-	var ports []int32
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp != nil {
-			continue
-		}
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && !slices.Contains(ports, cp.ContainerPort) {
-					ports = append(ports, cp.ContainerPort)
-				}
-			}
-		}
-	}
-	if len(ports) != 1 {
-		return 0, nil
-	}
-	return ports[0], nil
-}
-
 // reconcileFallback is the reconcile step around reconcileFallbackService;
 // it runs before discovery so a switch away from FailOpen cleans up even
 // while the route has no backends.
@@ -210,9 +147,10 @@ func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, er
 // spec and returns the VIP to use for the backend-svc tier (nil = none):
 //
 //   - not FailOpen+selector: delete the Service if this route controls it;
-//   - FailOpen+selector: create it, or update its selector and port when
-//     they changed (a deleted Service is recreated on the next reconcile:
-//     Service events reach the route through IndexRouteFallbackService);
+//   - FailOpen+selector: server-side apply it (field owner FieldOwner) when
+//     absent or when its fields differ from the spec (a deleted Service is
+//     recreated on the next reconcile: Service events reach the route
+//     through IndexRouteFallbackService);
 //   - a same-named Service this route does not control is never modified:
 //     condition FallbackServiceConflict + a Warning event, no VIP.
 //
@@ -238,6 +176,12 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 
 	var svc corev1.Service
 	err = r.Client.Get(ctx, key, &svc)
+	if apierrors.IsNotFound(err) && r.APIReader != nil {
+		// The cache may lag a Service just created by someone else: ask
+		// the API server before an apply that would create ours.
+		err = r.APIReader.Get(ctx, key, &svc)
+	}
+	var uid types.UID // apply precondition: the Service this route controls
 	switch {
 	case apierrors.IsNotFound(err):
 		if port == 0 {
@@ -246,15 +190,6 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 			r.clearFallbackConflict(route)
 			return nil, nil
 		}
-		svc = corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-		r.fillFallback(&svc, route, selector, port)
-		if err := ctrl.SetControllerReference(route, &svc, r.Client.Scheme()); err != nil {
-			return nil, fmt.Errorf("own fallback service: %w", err)
-		}
-		if err := r.Client.Create(ctx, &svc); err != nil {
-			return nil, r.fallbackWriteError(route, key, "create", err)
-		}
-		log.Info("created fallback service", "service", key.String(), "port", port, "selector", selector)
 	case err != nil:
 		return nil, fmt.Errorf("get fallback service %s: %w", key, err)
 	case !metav1.IsControlledBy(&svc, route):
@@ -265,105 +200,26 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		if port == 0 && len(svc.Spec.Ports) > 0 {
 			port = svc.Spec.Ports[0].TargetPort.IntVal // keep the last known port
 		}
-		want := svc.DeepCopy()
-		r.fillFallback(want, route, selector, port)
-		if !equalFallback(&svc, want) {
-			if err := r.Client.Update(ctx, want); err != nil {
-				return nil, r.fallbackWriteError(route, key, "update", err)
-			}
-			log.Info("updated fallback service", "service", key.String(), "port", port, "selector", selector)
-			svc = *want
+		uid = svc.UID
+	}
+	want, err := r.fallbackApply(key, route, selector, port, uid)
+	if err != nil {
+		return nil, err
+	}
+	if uid == "" || !appliedFallback(&svc, want) {
+		verb := "update"
+		if uid == "" {
+			verb = "create"
+		} else if err := r.upgradeFallbackFields(ctx, key); err != nil {
+			return nil, r.fallbackWriteError(route, key, verb, err)
 		}
+		applied, err := r.applyFallback(ctx, want)
+		if err != nil {
+			return nil, r.fallbackWriteError(route, key, verb, err)
+		}
+		log.Info(verb+"d fallback service", "service", key.String(), "port", port, "selector", selector)
+		svc = *applied
 	}
 	r.clearFallbackConflict(route)
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
-}
-
-// fillFallback writes the fields this route decides into svc, keeping
-// everything the API server or others set (clusterIP, other labels).
-func (r *Reconciler) fillFallback(svc *corev1.Service, route *v1alpha1.ModelRoute, selector map[string]string, port int32) {
-	if svc.Labels == nil {
-		svc.Labels = map[string]string{}
-	}
-	svc.Labels[ManagedByLabel] = ManagedByValue
-	if svc.Annotations == nil {
-		svc.Annotations = map[string]string{}
-	}
-	svc.Annotations[FallbackForAnnotation] = route.Namespace + "/" + route.Name
-	svc.Spec.Type = corev1.ServiceTypeClusterIP
-	svc.Spec.Selector = maps.Clone(selector)
-	if port == 0 {
-		return
-	}
-	p := corev1.ServicePort{Name: FallbackPortName, Protocol: corev1.ProtocolTCP, Port: port, TargetPort: intstr.FromInt32(port)}
-	if len(svc.Spec.Ports) == 1 {
-		// Keep server-set fields of the existing port (none for ClusterIP
-		// today, but nodePort/appProtocol would survive an update).
-		old := svc.Spec.Ports[0]
-		old.Name, old.Protocol, old.Port, old.TargetPort = p.Name, p.Protocol, p.Port, p.TargetPort
-		p = old
-	}
-	svc.Spec.Ports = []corev1.ServicePort{p}
-}
-
-func equalFallback(a, b *corev1.Service) bool {
-	return maps.Equal(a.Labels, b.Labels) && maps.Equal(a.Annotations, b.Annotations) &&
-		a.Spec.Type == b.Spec.Type && maps.Equal(a.Spec.Selector, b.Spec.Selector) &&
-		slices.EqualFunc(a.Spec.Ports, b.Spec.Ports, func(x, y corev1.ServicePort) bool {
-			return x.Name == y.Name && x.Protocol == y.Protocol && x.Port == y.Port && x.TargetPort == y.TargetPort
-		})
-}
-
-// fallbackWriteError turns a forbidden write into the condition (retrying
-// cannot grant RBAC; the next event on the route retries) and passes other
-// errors on for the workqueue's backoff.
-func (r *Reconciler) fallbackWriteError(route *v1alpha1.ModelRoute, key client.ObjectKey, verb string, err error) error {
-	if apierrors.IsForbidden(err) {
-		r.markFallbackConflict(route, ReasonServiceNotPermitted, fmt.Sprintf(
-			"cannot %s fallback Service %s: %v; grant services create/update/delete (Helm value failOpen.manageFallbackServices: true) or discover the backends by Service", verb, key, err))
-		return nil
-	}
-	return fmt.Errorf("%s fallback service %s: %w", verb, key, err)
-}
-
-// cleanupFallbackService deletes the route's fallback Service if the route
-// controls it (route deleted, or no longer FailOpen+selector); a foreign
-// Service of that name is left alone. Called by the finalizer too.
-func (r *Reconciler) cleanupFallbackService(ctx context.Context, route *v1alpha1.ModelRoute) error {
-	key := client.ObjectKey{Namespace: route.Namespace, Name: FallbackServiceName(route.Name)}
-	var svc corev1.Service
-	if err := r.Client.Get(ctx, key, &svc); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	if !metav1.IsControlledBy(&svc, route) {
-		return nil
-	}
-	err := r.Client.Delete(ctx, &svc, client.Preconditions{UID: &svc.UID})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil // gone, or replaced by someone else's object
-	}
-	if apierrors.IsForbidden(err) {
-		ctrl.LoggerFrom(ctx).Info("cannot delete fallback service: not permitted; delete it by hand", "service", key.String())
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("delete fallback service %s: %w", key, err)
-	}
-	ctrl.LoggerFrom(ctx).Info("deleted fallback service", "service", key.String())
-	return nil
-}
-
-// markFallbackConflict sets the condition and emits a Warning event when
-// the condition appears or changes reason (transitions, not every
-// reconcile).
-func (r *Reconciler) markFallbackConflict(route *v1alpha1.ModelRoute, reason, msg string) {
-	before := meta.FindStatusCondition(route.Status.Conditions, TypeFallbackServiceConflict)
-	setCondition(route, TypeFallbackServiceConflict, metav1.ConditionTrue, reason, msg)
-	if r.Recorder != nil && (before == nil || before.Status != metav1.ConditionTrue || before.Reason != reason) {
-		r.Recorder.Eventf(route, nil, corev1.EventTypeWarning, TypeFallbackServiceConflict, "FallbackService", "%s", msg)
-	}
-}
-
-func (r *Reconciler) clearFallbackConflict(route *v1alpha1.ModelRoute) {
-	meta.RemoveStatusCondition(&route.Status.Conditions, TypeFallbackServiceConflict)
 }

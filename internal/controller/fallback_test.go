@@ -4,37 +4,21 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
-
-// fbWait polls cond until it holds or 20 s pass (a deadline, not a sleep
-// that decides the outcome).
-func fbWait(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last state: %s", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // fbEnv is a namespace, a FailOpen selector route stored in the API server
 // (it needs a UID for owner references) and a Reconciler on a direct
@@ -135,7 +119,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if err := k8s.Delete(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the Service to be gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service to be gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
 	if ip, _ := e.reconcile(t); ip == "" {
 		t.Error("no VIP after recreation")
 	}
@@ -187,7 +171,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if ip, _ := e.reconcile(t); ip != "" {
 		t.Errorf("FailClose got VIP %s", ip)
 	}
-	fbWait(t, "the Service deleted on FailClose", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service deleted on FailClose", func() (bool, string) { return e.svc(t) == nil, "still there" })
 
 	// Back to FailOpen, then the route goes away (finalizer path).
 	e.route.Spec.FailureMode = v1alpha1.FailOpen
@@ -198,7 +182,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if err := e.r.cleanupFallbackService(ctx, e.route); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the Service deleted with the route", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the Service deleted with the route", func() (bool, string) { return e.svc(t) == nil, "still there" })
 }
 
 // TestFallbackServiceForeign: a same-named Service the route does not own
@@ -241,7 +225,7 @@ func TestFallbackServiceForeign(t *testing.T) {
 	}
 	// One Warning event, on the route (transitions only: two conflicting
 	// reconciles gave one event).
-	fbWait(t, "the FallbackServiceConflict event", func() (bool, string) {
+	eventually(t, "the FallbackServiceConflict event", func() (bool, string) {
 		var l eventsv1.EventList
 		if err := k8s.List(ctx, &l, client.InNamespace(e.ns)); err != nil {
 			return false, err.Error()
@@ -260,7 +244,7 @@ func TestFallbackServiceForeign(t *testing.T) {
 	if err := k8s.Delete(ctx, e.svc(t)); err != nil {
 		t.Fatal(err)
 	}
-	fbWait(t, "the foreign Service gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
+	eventually(t, "the foreign Service gone", func() (bool, string) { return e.svc(t) == nil, "still there" })
 	if ip, _ := e.reconcile(t); ip == "" || !metav1.IsControlledBy(e.svc(t), e.route) || e.conflict() != nil {
 		t.Errorf("after the foreign Service left: VIP %q, condition %+v", ip, e.conflict())
 	}
@@ -340,4 +324,33 @@ func TestFallbackServiceEndToEnd(t *testing.T) {
 		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "tiny"}, &r)
 		return apierrors.IsNotFound(err) && e.svc(t) == nil, "route or Service still there"
 	})
+}
+
+// TestFallbackServiceUpgradeFromUpdate: a fallback Service an earlier
+// autoconfig created with a plain create (manager FieldOwner, operation
+// Update) follows a port change under server-side apply: the old port is
+// replaced, not kept next to the new one.
+func TestFallbackServiceUpgradeFromUpdate(t *testing.T) {
+	ctx := context.Background()
+	e := newFallbackEnv(t, "tiny")
+	old := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: FallbackServiceName("tiny"),
+			Labels: map[string]string{ManagedByLabel: ManagedByValue}, Annotations: map[string]string{FallbackForAnnotation: e.ns + "/tiny"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Selector: map[string]string{"app": "tiny"},
+			Ports: []corev1.ServicePort{{Name: FallbackPortName, Protocol: corev1.ProtocolTCP, Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
+	}
+	if err := ctrl.SetControllerReference(e.route, old, k8s.Scheme()); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Create(ctx, old, client.FieldOwner(FieldOwner)); err != nil {
+		t.Fatal(err)
+	}
+	e.route.Spec.Discovery.Port = 9000
+	if _, port := e.reconcile(t); port != 9000 {
+		t.Fatalf("VIP port %d, want 9000", port)
+	}
+	s := e.svc(t)
+	if s.UID != old.UID || len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Port != 9000 || s.Spec.Ports[0].TargetPort.IntValue() != 9000 {
+		t.Fatalf("Service after the port change: uid %s→%s ports %+v", old.UID, s.UID, s.Spec.Ports)
+	}
 }

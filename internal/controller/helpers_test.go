@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -186,21 +187,20 @@ func newHarness(t testing.TB, namespaces ...string) *harness {
 	return h
 }
 
-// eventually polls cond until it holds or the deadline passes; cond
+// eventually polls cond (wait.PollUntilContextTimeout) until it holds or
+// 30 s pass (a deadline, not a sleep that decides the outcome); cond
 // returns a description of the current state for the failure message.
 func eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
 	var last string
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		ok, s := cond()
-		if ok {
-			return
-		}
 		last = s
-		time.Sleep(20 * time.Millisecond)
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s; last state: %s", what, last)
 	}
-	t.Fatalf("timed out waiting for %s; last state: %s", what, last)
 }
 
 var nsSeq atomic.Int64

@@ -31,7 +31,7 @@ import (
 // (Nodes are cluster-scoped and always cached, metadata only).
 func CacheOptions(namespaces []string) cache.Options {
 	o := cache.Options{
-		DefaultTransform: discovery.StripManagedFields,
+		DefaultTransform: cache.TransformStripManagedFields(), // never read, often the largest part
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Transform: discovery.StripPod},
 		},

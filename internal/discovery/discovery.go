@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -21,6 +20,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/endpoints"
 )
 
 // GPUProductLabel is the node label (set by NVIDIA GPU feature discovery)
@@ -59,7 +59,8 @@ type Options struct {
 }
 
 // FromEndpointSlices returns the endpoints of a Service's slices: IPv4 and
-// IPv6 slices alike (dual stack), deduplicated by address and port, sorted.
+// IPv6 slices alike (dual stack), in normal form (endpoints.Normalize: sorted,
+// one per address and port, a Ready duplicate kept over a not-ready one).
 // Terminating endpoints never count; not-ready ones only with
 // IncludeNotReady. With Port unset, each slice's single port is used; a
 // slice with endpoints and zero or several ports is a PortError.
@@ -77,11 +78,10 @@ func FromEndpointSlices(items []discoveryv1.EndpointSlice, o Options) ([]compile
 				continue
 			}
 			if port == 0 {
-				p, err := slicePort(s, o.PortField)
-				if err != nil {
-					return nil, err
+				declared := slicePorts(s)
+				if port, ok = DerivePort(0, declared); !ok {
+					return nil, portError(o.PortField, "EndpointSlice "+s.Namespace+"/"+s.Name, "port", declared)
 				}
-				port = p
 			}
 			node := ""
 			if ep.NodeName != nil {
@@ -96,7 +96,7 @@ func FromEndpointSlices(items []discoveryv1.EndpointSlice, o Options) ([]compile
 			}
 		}
 	}
-	return Normalize(out), nil
+	return endpoints.Normalize(out), nil
 }
 
 // usable applies the readiness rules to one endpoint. A nil Ready means
@@ -110,28 +110,60 @@ func usable(c discoveryv1.EndpointConditions, includeNotReady bool) (ready, ok b
 	return ready, ready || includeNotReady
 }
 
-func slicePort(s *discoveryv1.EndpointSlice, field string) (int32, error) {
-	var ports []string
-	var only int32
+// DeclaredPort is a port an EndpointSlice or a pod declares.
+type DeclaredPort struct {
+	Name string // "" for container ports: pods are compared by number
+	Port int32
+}
+
+// DerivePort is the one port rule, of discovery and of the fallback
+// Service: the configured port when set, else the only port declared
+// (distinct by name and number). ok is false when none or several are
+// declared; portError says which.
+func DerivePort(configured int32, declared []DeclaredPort) (port int32, ok bool) {
+	if configured != 0 {
+		return configured, true
+	}
+	if len(declared) != 1 {
+		return 0, false
+	}
+	return declared[0].Port, true
+}
+
+// portError is the PortError of a failed DerivePort: owner (e.g. "pod
+// llm/qwen-0") declares no noun, or several (listed by number).
+func portError(field, owner, noun string, declared []DeclaredPort) *PortError {
+	if len(declared) == 0 {
+		return &PortError{Field: field, Reason: fmt.Sprintf("%s declares no %s", owner, noun)}
+	}
+	declared = slices.Clone(declared)
+	slices.SortStableFunc(declared, func(a, b DeclaredPort) int { return cmp.Compare(a.Port, b.Port) })
+	list := make([]string, len(declared))
+	for i, p := range declared {
+		list[i] = strconv.Itoa(int(p.Port))
+		if p.Name != "" {
+			list[i] = p.Name + "=" + list[i]
+		}
+	}
+	return &PortError{Field: field, Reason: fmt.Sprintf("%s declares several %ss (%s)", owner, noun, strings.Join(list, ", "))}
+}
+
+// slicePorts are the ports an EndpointSlice declares.
+func slicePorts(s *discoveryv1.EndpointSlice) []DeclaredPort {
+	var out []DeclaredPort
 	for _, p := range s.Ports {
 		if p.Port == nil {
 			continue
 		}
-		only = *p.Port
-		name := strconv.Itoa(int(*p.Port))
-		if p.Name != nil && *p.Name != "" {
-			name = *p.Name + "=" + name
+		d := DeclaredPort{Port: *p.Port}
+		if p.Name != nil {
+			d.Name = *p.Name
 		}
-		ports = append(ports, name)
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
 	}
-	switch len(ports) {
-	case 1:
-		return only, nil
-	case 0:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("EndpointSlice %s/%s has no port", s.Namespace, s.Name)}
-	default:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("EndpointSlice %s/%s has several ports (%s)", s.Namespace, s.Name, strings.Join(ports, ", "))}
-	}
+	return out
 }
 
 // FromPods returns the pods' addresses (every status.podIPs entry: dual
@@ -154,19 +186,18 @@ func FromPods(pods []corev1.Pod, o Options) ([]compiler.Endpoint, error) {
 		if len(ips) == 0 {
 			continue
 		}
-		port := o.Port
+		port, ok := o.Port, true
 		if port == 0 {
-			pp, err := containerPort(p, o.PortField)
-			if err != nil {
-				return nil, err
+			declared := PodPorts(p)
+			if port, ok = DerivePort(0, declared); !ok {
+				return nil, portError(o.PortField, "pod "+p.Namespace+"/"+p.Name, "TCP containerPort", declared)
 			}
-			port = pp
 		}
 		for _, ip := range ips {
 			out = append(out, compiler.Endpoint{IP: ip, Port: port, Ready: ready, Node: p.Spec.NodeName})
 		}
 	}
-	return Normalize(out), nil
+	return endpoints.Normalize(out), nil
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -197,68 +228,30 @@ func podIPs(p *corev1.Pod) []string {
 	return out
 }
 
-func containerPort(p *corev1.Pod, field string) (int32, error) {
-	var ports []int32
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			if cp.Protocol != "" && cp.Protocol != corev1.ProtocolTCP {
-				continue
-			}
-			if !slices.Contains(ports, cp.ContainerPort) {
-				ports = append(ports, cp.ContainerPort)
+// PodPorts are the distinct TCP containerPorts the pods declare.
+func PodPorts(pods ...*corev1.Pod) []DeclaredPort {
+	var out []DeclaredPort
+	for _, p := range pods {
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				d := DeclaredPort{Port: cp.ContainerPort}
+				if (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && !slices.Contains(out, d) {
+					out = append(out, d)
+				}
 			}
 		}
-	}
-	switch len(ports) {
-	case 1:
-		return ports[0], nil
-	case 0:
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("pod %s/%s declares no TCP containerPort", p.Namespace, p.Name)}
-	default:
-		slices.Sort(ports)
-		s := make([]string, len(ports))
-		for i, v := range ports {
-			s[i] = strconv.Itoa(int(v))
-		}
-		return 0, &PortError{Field: field, Reason: fmt.Sprintf("pod %s/%s declares several containerPorts (%s)", p.Namespace, p.Name, strings.Join(s, ", "))}
-	}
-}
-
-// Normalize sorts endpoints (IPv4 before IPv6, numerically, then port) and
-// drops duplicates; a duplicate that is Ready in one slice wins. The result
-// does not depend on list or slice order, so a resync renders the same bytes.
-func Normalize(eps []compiler.Endpoint) []compiler.Endpoint {
-	if len(eps) == 0 {
-		return nil
-	}
-	sort.SliceStable(eps, func(i, j int) bool { return compareEndpoint(eps[i], eps[j]) < 0 })
-	out := eps[:0]
-	for _, e := range eps {
-		if n := len(out); n > 0 && out[n-1].IP == e.IP && out[n-1].Port == e.Port {
-			if e.Ready && !out[n-1].Ready {
-				out[n-1] = e
-			}
-			if out[n-1].Node == "" {
-				out[n-1].Node = e.Node
-			}
-			continue
-		}
-		out = append(out, e)
 	}
 	return out
 }
 
-func compareEndpoint(a, b compiler.Endpoint) int {
-	ia, ea := netip.ParseAddr(a.IP)
-	ib, eb := netip.ParseAddr(b.IP)
-	if ea == nil && eb == nil {
-		if c := ia.Compare(ib); c != 0 {
-			return c
-		}
-	} else if c := strings.Compare(a.IP, b.IP); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Port, b.Port)
+// NormalizeSnapshot puts every endpoint list of a snapshot not built by
+// discovery (e.g. read from a file) in normal form (endpoints.Normalize),
+// as the compiler requires.
+func NormalizeSnapshot(s compiler.Snapshot) compiler.Snapshot {
+	s.Backends = endpoints.Normalize(s.Backends)
+	s.CartPods = endpoints.Normalize(s.CartPods)
+	s.NginxPods = endpoints.Normalize(s.NginxPods)
+	return s
 }
 
 // HostPort formats an endpoint as ip:port, bracketing IPv6 ([fd00::1]:8000).

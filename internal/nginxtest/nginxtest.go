@@ -47,6 +47,9 @@ import (
 	"testing"
 	"text/template"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 )
 
 // Paths of the system nginx and its dynamic modules (Debian packages nginx
@@ -148,23 +151,28 @@ func Launch(opts Options) (*Nginx, error) {
 	}
 	// A free port is picked by the kernel and released before nginx binds
 	// it; another process may take it in between, so a bind failure retries
-	// with a new port.
-	for attempt := 0; ; attempt++ {
-		if n.port, err = FreePort(); err == nil {
-			if err = n.writeConfig(); err == nil {
-				err = n.Relaunch()
-			}
+	// with a new port (4 attempts, no wait).
+	addrInUse := func(error) bool {
+		if !strings.Contains(n.ErrorLog(), "Address already in use") {
+			return false
 		}
-		if err == nil {
-			return n, nil
+		os.Remove(n.errorLogPath())
+		return true
+	}
+	if err := retry.OnError(wait.Backoff{Steps: 4}, addrInUse, func() error {
+		var err error
+		if n.port, err = FreePort(); err != nil {
+			return err
 		}
-		if attempt < 3 && strings.Contains(n.ErrorLog(), "Address already in use") {
-			os.Remove(n.errorLogPath())
-			continue
+		if err := n.writeConfig(); err != nil {
+			return err
 		}
+		return n.Relaunch()
+	}); err != nil {
 		os.RemoveAll(prefix)
 		return nil, err
 	}
+	return n, nil
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.

@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 
+	"github.com/go-openapi/jsonpointer"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -39,7 +39,7 @@ func keyPatch(current map[string]string, changed map[string]*string) (patch []by
 	slices.Sort(keys)
 	var ops []op
 	for _, k := range keys {
-		path := "/data/" + escape(k)
+		path := "/data/" + jsonpointer.Escape(k) // RFC 6901: ~ → ~0, / → ~1
 		cur, had := current[k]
 		if had {
 			ops = append(ops, op{Op: "test", Path: path, Value: &cur})
@@ -56,11 +56,6 @@ func keyPatch(current map[string]string, changed map[string]*string) (patch []by
 		return nil, false, fmt.Errorf("encode patch: %w", err)
 	}
 	return b, true, nil
-}
-
-// escape encodes a JSON pointer token (RFC 6901).
-func escape(s string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
 }
 
 // mergePatch builds a JSON merge patch that sets (non-nil) or removes (nil)

@@ -17,13 +17,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -179,78 +179,89 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 
 // update reads cm, asks change for the keys to set (non-nil) or delete
 // (nil), and patches exactly those keys with a per-key compare-and-swap
-// (keyPatch), re-reading from the API server and re-rendering when a key
-// changed underneath. The second result is a render error (RenderFailed).
+// (keyPatch). When the patch finds a key changed underneath (a failed JSON
+// patch test is 422 Invalid, a stale resourceVersion 409 Conflict), our read
+// was behind: it re-reads from the API server and re-renders, up to
+// maxAttempts times with conflictBackoff. The second result is a render
+// error (RenderFailed).
 func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(map[string]string) (map[string]*string, error)) (State, error, error) {
 	ns, name, ok := strings.Cut(ref, "/")
 	if !ok {
 		return "", nil, fmt.Errorf("configmap reference %q is not ns/name", ref)
 	}
-	var reader client.Reader = w.Client
-	for attempt := 1; ; attempt++ {
-		var cm corev1.ConfigMap
-		if err := reader.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm); err != nil {
-			if apierrors.IsNotFound(err) {
-				return Missing, nil, nil
-			}
-			return "", nil, fmt.Errorf("get configmap %s: %w", ref, err)
+	key := client.ObjectKey{Namespace: ns, Name: name}
+	var (
+		reader    client.Reader = w.Client
+		state     State
+		renderErr error
+		patchErr  error
+	)
+	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
+		state, renderErr, patchErr = w.tryUpdate(ctx, reader, key, routeNS, change)
+		if patchErr != nil && w.APIReader != nil && (apierrors.IsConflict(patchErr) || apierrors.IsInvalid(patchErr)) {
+			reader = w.APIReader // read the truth and redo
+			return false, nil
 		}
-		if !Permitted(&cm, routeNS) {
-			return NotPermitted, nil, nil
-		}
-		changed, err := change(cm.Data)
-		if err != nil {
-			return RenderFailed, err, nil
-		}
-		if len(changed) == 0 {
-			return Unchanged, nil, nil
-		}
-		if reader != w.APIReader && w.APIReader != nil && addsAbsentKey(cm.Data, changed) {
-			// A key absent from the cache is added without a test (JSON
-			// patch cannot test absence), so a stale cache would mean a
-			// redundant write of content already there: read the truth
-			// first. This costs one GET, only when a key first appears.
-			reader = w.APIReader
-			continue
-		}
-		var p client.Patch
-		b, ok, err := keyPatch(cm.Data, changed)
-		if err == nil && !ok {
-			b, err = mergePatch(cm.ResourceVersion, changed)
-			p = client.RawPatch(mergePatchType, b)
-		} else {
-			p = client.RawPatch(jsonPatch, b)
-		}
-		if err != nil {
-			return "", nil, err
-		}
-		err = w.Client.Patch(ctx, &cm, p)
-		switch {
-		case err == nil:
-			return Written, nil, nil
-		case apierrors.IsNotFound(err):
-			return Missing, nil, nil
-		// A failed JSON patch test is 422 Invalid, a stale resourceVersion
-		// 409 Conflict: our read was behind; read the truth and redo.
-		case (apierrors.IsConflict(err) || apierrors.IsInvalid(err)) && attempt < maxAttempts && w.APIReader != nil:
-			reader = w.APIReader
-			if attempt > 1 {
-				backoff(ctx, attempt)
-			}
-		default:
-			return "", nil, fmt.Errorf("patch configmap %s: %w", ref, err)
-		}
+		return true, patchErr
+	})
+	if wait.Interrupted(err) && patchErr != nil {
+		err = patchErr // attempts exhausted on a busy key: back to the workqueue
 	}
+	if err != nil {
+		return "", nil, err
+	}
+	return state, renderErr, nil
 }
 
-// backoff waits a little, jittered, before another attempt on a busy key.
-func backoff(ctx context.Context, attempt int) {
-	d := time.Duration(attempt*attempt) * time.Millisecond * time.Duration(5+rand.IntN(10))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
+// conflictBackoff spaces the attempts of update on a busy key: 5-10ms
+// before the first retry, then doubling (jittered, at most 500ms).
+var conflictBackoff = wait.Backoff{Steps: maxAttempts, Duration: 5 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 500 * time.Millisecond}
+
+// tryUpdate is one attempt of update: read cm through reader, render,
+// patch. The error is a read error (wrapped) or the patch's own error.
+func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, change func(map[string]string) (map[string]*string, error)) (State, error, error) {
+	var cm corev1.ConfigMap
+	if err := reader.Get(ctx, key, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return Missing, nil, nil
+		}
+		return "", nil, fmt.Errorf("get configmap %s: %w", key, err)
+	}
+	if !Permitted(&cm, routeNS) {
+		return NotPermitted, nil, nil
+	}
+	changed, err := change(cm.Data)
+	if err != nil {
+		return RenderFailed, err, nil
+	}
+	if len(changed) == 0 {
+		return Unchanged, nil, nil
+	}
+	if reader != w.APIReader && w.APIReader != nil && addsAbsentKey(cm.Data, changed) {
+		// A key absent from the cache is added without a test (JSON
+		// patch cannot test absence), so a stale cache would mean a
+		// redundant write of content already there: read the truth
+		// first. This costs one GET, only when a key first appears.
+		return w.tryUpdate(ctx, w.APIReader, key, routeNS, change)
+	}
+	var p client.Patch
+	b, ok, err := keyPatch(cm.Data, changed)
+	if err == nil && !ok {
+		b, err = mergePatch(cm.ResourceVersion, changed)
+		p = client.RawPatch(mergePatchType, b)
+	} else {
+		p = client.RawPatch(jsonPatch, b)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	switch err := w.Client.Patch(ctx, &cm, p); {
+	case err == nil:
+		return Written, nil, nil
+	case apierrors.IsNotFound(err):
+		return Missing, nil, nil
+	default:
+		return "", nil, fmt.Errorf("patch configmap %s: %w", key, err)
 	}
 }
 

@@ -66,7 +66,7 @@ Services are written only for FailOpen fallback Services, behind a toggle.
 {{- if .Values.failOpen.manageFallbackServices }}
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create", "update", "delete"]
+  verbs: ["create", "patch", "delete"]
 {{- end }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

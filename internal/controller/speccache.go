@@ -1,0 +1,61 @@
+package controller
+
+// This file: the spec cache. CUE validates a route's spec once per
+// generation, never per endpoint change.
+
+import (
+	"errors"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// specCache holds the validated spec per route UID and generation: CUE is
+// evaluated once per spec generation, never per endpoint change.
+type specCache struct {
+	mu sync.Mutex
+	m  map[types.UID]specEntry
+}
+
+type specEntry struct {
+	name       types.NamespacedName
+	generation int64
+	spec       *v1alpha1.ModelRoute
+	err        error
+}
+
+func (c *specCache) validate(v Validator, route *v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error) {
+	c.mu.Lock()
+	e, ok := c.m[route.UID]
+	c.mu.Unlock()
+	if ok && e.generation == route.Generation {
+		return e.spec, e.err
+	}
+	spec, err := v.ValidateObject(route)
+	specValidations.Inc()
+	var inv *schema.InvalidError
+	if err != nil && !errors.As(err, &inv) {
+		return nil, err // not cached: may be transient
+	}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[types.UID]specEntry{}
+	}
+	c.m[route.UID] = specEntry{name: client.ObjectKeyFromObject(route), generation: route.Generation, spec: spec, err: err}
+	c.mu.Unlock()
+	return spec, err
+}
+
+func (c *specCache) forgetName(key types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, e := range c.m {
+		if e.name == key {
+			delete(c.m, uid)
+		}
+	}
+}
