@@ -4,28 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
-
-// TestNoClientDeps keeps the compiler pure: no Kubernetes client, no
-// controller-runtime, no CUE on the render path.
-func TestNoClientDeps(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	for _, dep := range strings.Fields(string(out)) {
-		for _, bad := range []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime", "cuelang.org"} {
-			if dep == bad || strings.HasPrefix(dep, bad+"/") {
-				t.Errorf("compiler depends on %s", dep)
-			}
-		}
-	}
-}
 
 func renderAll(t testing.TB, res Result, base []byte) string {
 	t.Helper()

@@ -8,8 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
+	"github.com/go-openapi/jsonpointer"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -117,7 +117,7 @@ type jsonPatchOp struct {
 // labelPatch builds [test resourceVersion, add|remove label].
 func labelPatch(pod *corev1.Pod, key string, add bool) ([]byte, error) {
 	ops := []jsonPatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: pod.ResourceVersion}}
-	path := "/metadata/labels/" + escapeJSONPointer(key)
+	path := "/metadata/labels/" + jsonpointer.Escape(key)
 	switch {
 	case add && pod.Labels == nil:
 		ops = append(ops, jsonPatchOp{Op: "add", Path: "/metadata/labels", Value: map[string]string{key: "true"}})
@@ -131,8 +131,4 @@ func labelPatch(pod *corev1.Pod, key string, add bool) ([]byte, error) {
 		ops = append(ops, jsonPatchOp{Op: "remove", Path: path})
 	}
 	return json.Marshal(ops)
-}
-
-func escapeJSONPointer(s string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
 }

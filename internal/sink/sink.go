@@ -1,7 +1,7 @@
 // Package sink writes a route's rendered outputs into the consumers'
 // existing ConfigMaps.
 //
-// Rules (SPEC "Rules of writing"): a ConfigMap is never created; only the
+// Rules of writing: a ConfigMap is never created; only the
 // route's own keys are touched; many routes share one ConfigMap without
 // clobbering each other; a no-op writes nothing (rendered bytes are compared
 // with the current ones first). Writes are JSON patches of the changed keys
