@@ -126,4 +126,3 @@ func TestSubcommands(t *testing.T) {
 		t.Fatalf("help: exit %d, stdout %q", code, out)
 	}
 }
-
