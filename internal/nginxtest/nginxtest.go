@@ -48,8 +48,11 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/modelsphere/autoconfig/internal/reload"
 )
 
 // Paths of the system nginx and its dynamic modules (Debian packages nginx
@@ -369,38 +372,7 @@ func (n *Nginx) WorkerPIDs() []int {
 	if master == 0 {
 		return nil
 	}
-	return childrenOf(master)
-}
-
-func childrenOf(ppid int) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the last ')' (comm may contain spaces or parens):
-		// state ppid …; zombies (state Z) are not live workers.
-		s := string(stat)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		if p, _ := strconv.Atoi(f[1]); p == ppid {
-			pids = append(pids, pid)
-		}
-	}
-	slices.Sort(pids)
-	return pids
+	return reload.Children("/proc", master)
 }
 
 // Signal sends sig to the master.
@@ -511,13 +483,12 @@ func (n *Nginx) Kill9() error {
 }
 
 func alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return false
 	}
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && len(s) > i+2 && s[i+2] != 'Z' && s[i+2] != 'X'
+	st, err := p.Stat()
+	return err == nil && st.State != "Z" && st.State != "X"
 }
 
 func (n *Nginx) errorLogPath() string { return filepath.Join(n.prefix, "logs", "error.log") }
