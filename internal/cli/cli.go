@@ -223,3 +223,23 @@ func (c *Command) cobra() *cobra.Command {
 	}
 	return cc
 }
+
+// Sidecar is the command of a long-running sidecar binary: its options
+// (the zero value of O, filled from flags and PS_ variables named by
+// envName), the shared log flags, --version, and run called with the
+// validated options and the logger.
+func Sidecar[O any, P interface {
+	*O
+	Options
+}](use, long string, envName func(string) string, run func(context.Context, *O, *slog.Logger) error) *Command {
+	o := P(new(O))
+	return &Command{
+		Use:     use,
+		Long:    long,
+		Options: o,
+		EnvName: envName,
+		Log:     true,
+		Version: DefaultVersion,
+		Run:     func(ctx context.Context, c *Call) error { return run(ctx, (*O)(o), c.Log) },
+	}
+}

@@ -39,16 +39,7 @@ error.
 
 // Command is the hagate binary; run is Run outside tests.
 func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Command {
-	o := &Options{}
-	return &cli.Command{
-		Use:     "hagate [flags]",
-		Long:    help,
-		Options: o,
-		EnvName: EnvName,
-		Log:     true,
-		Version: cli.DefaultVersion,
-		Run:     func(ctx context.Context, c *cli.Call) error { return run(ctx, o, c.Log) },
-	}
+	return cli.Sidecar("hagate [flags]", help, EnvName, run)
 }
 
 // Run is the sidecar: validated options in, blocking until ctx is done

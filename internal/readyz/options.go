@@ -86,14 +86,5 @@ usage error.
 
 // Command is the readyz binary; run is Run outside tests.
 func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Command {
-	o := &Options{}
-	return &cli.Command{
-		Use:     "readyz [flags]",
-		Long:    help,
-		Options: o,
-		EnvName: EnvName,
-		Log:     true,
-		Version: cli.DefaultVersion,
-		Run:     func(ctx context.Context, c *cli.Call) error { return run(ctx, o, c.Log) },
-	}
+	return cli.Sidecar("readyz [flags]", help, EnvName, run)
 }

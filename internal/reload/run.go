@@ -35,16 +35,7 @@ error.
 
 // Command is the reload binary; run is Run outside tests.
 func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Command {
-	o := &Options{}
-	return &cli.Command{
-		Use:     "reload --watch DIR --process MATCH [flags]",
-		Long:    help,
-		Options: o,
-		EnvName: EnvName,
-		Log:     true,
-		Version: cli.DefaultVersion,
-		Run:     func(ctx context.Context, c *cli.Call) error { return run(ctx, o, c.Log) },
-	}
+	return cli.Sidecar("reload --watch DIR --process MATCH [flags]", help, EnvName, run)
 }
 
 // Run is the sidecar: validated options in, blocking until ctx is done or
