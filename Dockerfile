@@ -22,7 +22,7 @@ COPY compiler/ compiler/
 COPY internal/ internal/
 COPY schema/ schema/
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -ldflags "-s -w -X main.Version=${VERSION}" -o /out/autoconfig ./cmd/autoconfig
+    go build -ldflags "-s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=${VERSION}" -o /out/autoconfig ./cmd/autoconfig
 
 FROM ${RUNTIME_BASE}
 COPY --from=build /out/autoconfig /usr/local/bin/autoconfig

@@ -135,6 +135,6 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("starting", "version", Version, "namespaces", strings.Join(o.namespaces, ","), "leaderElect", o.leaderElect)
+	log.Info("starting", "version", cli.Version, "namespaces", strings.Join(o.namespaces, ","), "leaderElect", o.leaderElect)
 	return mgr.Start(ctx)
 }

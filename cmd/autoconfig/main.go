@@ -19,10 +19,6 @@ import (
 	"github.com/modelsphere/autoconfig/internal/cli"
 )
 
-// Version is set at build time with -ldflags "-X main.Version=…"; the Helm
-// chart's appVersion follows it.
-var Version = cli.DefaultVersion
-
 func main() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 
 // Main runs the CLI with args (without the program name) and returns the
@@ -35,7 +31,7 @@ func rootCommand() *cli.Command {
 	return &cli.Command{
 		Use:     "autoconfig <command> [flags]",
 		Long:    "autoconfig keeps the LLM routing layer's backend lists in step with the cluster.",
-		Version: Version,
+		Version: cli.Version,
 		Commands: []*cli.Command{
 			compileCommand(),
 			controllerCommand(),
@@ -45,7 +41,7 @@ func rootCommand() *cli.Command {
 				Use:   "version",
 				Short: "print the version",
 				Run: func(_ context.Context, c *cli.Call) error {
-					_, err := fmt.Fprintf(c.Stdout, "autoconfig %s\n", Version)
+					_, err := fmt.Fprintf(c.Stdout, "autoconfig %s\n", cli.Version)
 					return err
 				},
 			},

@@ -79,17 +79,17 @@ func sampleSpec(t *testing.T, file string) map[string]any {
 
 // The chart's version and appVersion follow cmd/autoconfig's Version.
 func TestChartVersionFollowsBinary(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(root, "cmd", "autoconfig", "main.go"))
+	b, err := os.ReadFile(filepath.Join(root, "internal", "cli", "cli.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`(?m)^var Version = "([^"]+)"`).FindSubmatch(b)
 	if m == nil {
-		t.Fatal(`cmd/autoconfig/main.go has no line var Version = "…"`)
+		t.Fatal(`internal/cli/cli.go has no line var Version = "…"`)
 	}
 	rel := render(t, "ac", "autoconfig-system", nil)
 	if v := string(m[1]); rel.Chart.Metadata.Version != v || rel.Chart.Metadata.AppVersion != v {
-		t.Errorf("Chart.yaml version %s appVersion %s, cmd/autoconfig Version %s: bump them together",
+		t.Errorf("Chart.yaml version %s appVersion %s, internal/cli Version %s: bump them together",
 			rel.Chart.Metadata.Version, rel.Chart.Metadata.AppVersion, v)
 	}
 }

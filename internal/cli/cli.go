@@ -24,9 +24,11 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// DefaultVersion is the version of every binary unless the build sets
-// another (autoconfig: -ldflags "-X main.Version=…").
-const DefaultVersion = "0.1.0"
+// Version is the version of all four binaries (autoconfig, reload, hagate,
+// readyz), printed by --version. Builds set it with
+// -ldflags "-X github.com/modelsphere/autoconfig/internal/cli.Version=…";
+// the Helm chart's version and appVersion follow it (a test checks).
+var Version = "0.1.0"
 
 // Options are a command's settings: flags registered on a FlagSet, and
 // a check of the parsed values (its errors are usage errors).
@@ -239,7 +241,7 @@ func Sidecar[O any, P interface {
 		Options: o,
 		EnvName: envName,
 		Log:     true,
-		Version: DefaultVersion,
+		Version: Version,
 		Run:     func(ctx context.Context, c *Call) error { return run(ctx, (*O)(o), c.Log) },
 	}
 }
