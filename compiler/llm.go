@@ -101,7 +101,9 @@ func (c *compilation) renderLLM() ([]byte, error) {
 }
 
 // llmOptions are the register_route options: spec.nginx.values verbatim
-// plus the slo fields, sorted by key.
+// plus the slo fields as the engine's own options (ttftMs → ttft_limit_ms,
+// decodeTokensPerSecond → tps_limit_tps; the schema rejects a route giving
+// either also as a value), sorted by key.
 func (c *compilation) llmOptions() [][2]string {
 	spec := c.route.Spec
 	out := make([][2]string, 0, len(spec.Nginx.Values)+2)
@@ -110,10 +112,10 @@ func (c *compilation) llmOptions() [][2]string {
 	}
 	if s := spec.SLO; s != nil {
 		if s.TTFTMs > 0 {
-			out = append(out, [2]string{"slo_ttft_ms", strconv.Itoa(int(s.TTFTMs))})
+			out = append(out, [2]string{"ttft_limit_ms", strconv.Itoa(int(s.TTFTMs))})
 		}
 		if s.DecodeTokensPerSecond > 0 {
-			out = append(out, [2]string{"slo_decode_tps", strconv.Itoa(int(s.DecodeTokensPerSecond))})
+			out = append(out, [2]string{"tps_limit_tps", strconv.Itoa(int(s.DecodeTokensPerSecond))})
 		}
 	}
 	out = c.failureModeOptions(out)

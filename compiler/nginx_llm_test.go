@@ -170,7 +170,7 @@ func TestNginxLLMRegistration(t *testing.T) {
 	for k, v := range values {
 		wantOpts[k] = v
 	}
-	wantOpts["slo_ttft_ms"], wantOpts["slo_decode_tps"] = "2000", "20"
+	wantOpts["ttft_limit_ms"], wantOpts["tps_limit_tps"] = "2000", "20"
 	if !reflect.DeepEqual(options, wantOpts) {
 		t.Errorf("options:\n got %#v\nwant %#v", options, wantOpts)
 	}

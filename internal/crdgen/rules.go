@@ -39,8 +39,8 @@ const (
 	msgCartPeer       = "a peer with use: cart requires spec.cart; add spec.cart or remove this peer"
 	msgFromBackend    = "maxConcurrencyFromBackend: true needs a use: backend peer with maxConcurrency > 0 (the per-backend limit it multiplies); add maxConcurrency to the backend peer"
 	msgFromBackendUse = "maxConcurrencyFromBackend is only for use: cart peers; remove it"
-	msgSLOTTFT        = "set either spec.slo.ttftMs or spec.nginx.values.slo_ttft_ms, not both"
-	msgSLOTPS         = "set either spec.slo.decodeTokensPerSecond or spec.nginx.values.slo_decode_tps, not both"
+	msgSLOTTFT        = "spec.slo.ttftMs and spec.nginx.values.ttft_limit_ms both set the engine option ttft_limit_ms; keep one: remove the value (spec.slo.ttftMs renders it) or remove spec.slo.ttftMs"
+	msgSLOTPS         = "spec.slo.decodeTokensPerSecond and spec.nginx.values.tps_limit_tps both set the engine option tps_limit_tps; keep one: remove the value (spec.slo.decodeTokensPerSecond renders it) or remove spec.slo.decodeTokensPerSecond"
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
 )
@@ -86,8 +86,8 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 			rule(`!`+isVideo+` || !has(self.nginx.values) || !("upload_req_burst" in self.nginx.values) || "upload_req_limit" in self.nginx.values`, msgBurst, ".nginx.values"),
 			rule(isVideo+` || has(self.cart) || self.nginx.peers.all(p, p.use != "cart")`, msgCartPeer, ".nginx.peers"),
 			rule(isVideo+` || !self.nginx.peers.exists(p, has(p.maxConcurrencyFromBackend) && p.maxConcurrencyFromBackend) || self.nginx.peers.exists(p, p.use == "backend" && has(p.maxConcurrency))`, msgFromBackend, ".nginx.peers"),
-			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("slo_ttft_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
-			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("slo_decode_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("ttft_limit_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("tps_limit_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
 		},
 		"spec.discovery": exactlyOne,
 		"spec.cart":      exactlyOne,
