@@ -137,19 +137,40 @@ func TestRenderCartConfig(t *testing.T) {
 	}
 }
 
+// TestShortGPU reads nvidia.com/gpu.product labels in the form GPU feature
+// discovery writes them (product name, spaces as '-').
 func TestShortGPU(t *testing.T) {
 	for in, want := range map[string]string{
 		"NVIDIA-H100-80GB-HBM3":            "H100",
+		"NVIDIA-H100-PCIe":                 "H100",
+		"NVIDIA-H100-NVL":                  "H100",
+		"NVIDIA-H200":                      "H200",
+		"NVIDIA-H20":                       "H20",
+		"NVIDIA-H20-3e":                    "H20",
+		"NVIDIA-H800":                      "H800",
+		"NVIDIA-GH200-480GB":               "GH200",
+		"NVIDIA-B200":                      "B200",
 		"NVIDIA-A100-SXM4-80GB":            "A100",
-		"NVIDIA-GeForce-RTX-4090":          "RTX4090",
-		"NVIDIA-L40S":                      "L40S",
-		"Tesla-V100-SXM2-16GB":             "V100",
+		"NVIDIA-A100-PCIE-40GB":            "A100",
+		"NVIDIA-A800-SXM4-80GB":            "A800",
 		"NVIDIA-A100-SXM4-40GB-MIG-1g.5gb": "A100",
 		"NVIDIA-A10G":                      "A10G",
+		"NVIDIA-L40S":                      "L40S",
+		"NVIDIA-L4":                        "L4",
+		"Tesla-T4":                         "T4",
+		"Tesla-V100-SXM2-16GB":             "V100",
+		"NVIDIA-GeForce-RTX-4090":          "RTX4090",
+		"NVIDIA-GeForce-RTX-3090-Ti":       "RTX3090",
 		"NVIDIA-RTX-A6000":                 "RTXA6000",
-		"":                                 "",
-		"NVIDIA":                           "",
-		"weird value":                      "",
+		"NVIDIA-RTX-6000-Ada-Generation":   "RTX6000",
+		"NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition":            "RTXPRO6000",
+		"NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition": "RTXPRO6000",
+		"Quadro-RTX-8000":  "RTX8000",
+		"NVIDIA-TITAN-RTX": "TITANRTX",
+		"NVIDIA-RTX":       "RTX",
+		"":                 "",
+		"NVIDIA":           "",
+		"weird value":      "",
 	} {
 		if got := ShortGPU(in); got != want {
 			t.Errorf("ShortGPU(%q) = %q, want %q", in, got, want)
@@ -172,9 +193,9 @@ func TestMonitor(t *testing.T) {
 	res := mustCompile(t, r, snap)
 	got, _ := res.Outputs[1].Render(nil)
 	want := "# org_model.monitor.conf: written by autoconfig from ModelRoute llm-route/m; do not edit.\n" +
-		"service: model=org/model gpu= endpoint=10.0.0.1:80\n" +
-		"service: model=org/model gpu= endpoint=10.0.0.2:80\n" +
-		"service: model=org/model gpu= endpoint=10.0.0.3:80\n" +
+		"service: model=org/model gpu_type= endpoint=10.0.0.1:80\n" +
+		"service: model=org/model gpu_type= endpoint=10.0.0.2:80\n" +
+		"service: model=org/model gpu_type= endpoint=10.0.0.3:80\n" +
 		"nginx: endpoint=10.1.0.1:8080\n"
 	if res.Outputs[1].Key != "org_model.monitor.conf" || res.Outputs[1].ConfigMap != "mon/conf" || string(got) != want {
 		t.Errorf("got %s %s:\n%s", res.Outputs[1].ConfigMap, res.Outputs[1].Key, got)
@@ -186,7 +207,7 @@ func TestMonitor(t *testing.T) {
 	f, tr := false, true
 	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "conf", GPUType: "H20", Nginx: &f, Router: &tr}
 	got, _ = mustCompile(t, r, snap).Outputs[1].Render(nil)
-	if !strings.Contains(string(got), "gpu=H20 endpoint=10.0.0.1:80\n") || strings.Contains(string(got), "nginx:") ||
+	if !strings.Contains(string(got), "gpu_type=H20 endpoint=10.0.0.1:80\n") || strings.Contains(string(got), "nginx:") ||
 		!strings.Contains(string(got), "router: url=http://10.2.0.1:9000/workers\n") {
 		t.Errorf("switches: %s", got)
 	}

@@ -1,6 +1,7 @@
 package compiler
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,8 +19,20 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	for _, t := range tiers {
 		n += len(t.peers)
 	}
-	b := make([]byte, 0, 2560+96*n+128*len(c.route.Spec.Nginx.Values))
+	dict, err := c.sharedDictSize()
+	if err != nil {
+		return nil, err
+	}
+	// The register_route call is written twice (both locations).
+	b := make([]byte, 0, 4096+2*(96*n+128*len(c.route.Spec.Nginx.Values)))
 	b = c.appendHeader(b)
+	// Route files are included inside http{}: the dict is declared here,
+	// one per route, named as the route.
+	b = append(b, "# The engine's per-route lua shared dict, named as the route.\nlua_shared_dict "...)
+	b = append(b, c.name...)
+	b = append(b, ' ')
+	b = append(b, dict...)
+	b = append(b, ";\n\n"...)
 	up := upstreamName(c.name)
 	route := LuaString(c.name)
 
@@ -31,6 +44,25 @@ func (c *compilation) renderLLM() ([]byte, error) {
 
 	b = c.appendServerHead(b)
 	b = append(b, "    location / {\n"...)
+	b = c.appendLLMLocation(b, tiers)
+	// The route's own engine endpoints (/<route>/_…, seen by the engine as
+	// /_… after the prefix strip) answer in-pod callers only: the dispatch
+	// passes the client address as X-Real-IP and the server head restores
+	// it, so allow/deny sees the real client.
+	b = append(b, "\n    # The engine's own endpoints (/<route>/_…): in-pod callers only.\n    location ~ \"^/"...)
+	b = appendRouteRE(b, c.name)
+	b = append(b, "/_\" {\n        allow 127.0.0.1;\n        allow ::1;\n        deny all;\n"...)
+	b = c.appendLLMLocation(b, tiers)
+	b = append(b, "}\n"...)
+	return b, nil
+}
+
+// appendLLMLocation writes the body of an llm location: prefix strip,
+// lazy registration and admission, proxy through the engine's balancer,
+// log; it closes the location.
+func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
+	up := upstreamName(c.name)
+	route := LuaString(c.name)
 	b = c.appendStrip(b)
 	b = append(b, "        access_by_lua_block {\n            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
 	b = append(b, route...)
@@ -96,12 +128,58 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	b = append(b, `        log_by_lua_block {
             require("`+LuaModule+`").log(`...)
 	b = append(b, route...)
-	b = append(b, ")\n        }\n    }\n}\n"...)
-	return b, nil
+	b = append(b, ")\n        }\n    }\n"...)
+	return b
+}
+
+// DefaultSharedDictSize is the size of a route's lua shared dict unless
+// spec.nginx.values.shared_dict_size sets it.
+const DefaultSharedDictSize = "10m"
+
+// SharedDictSizeKey is the spec.nginx.values key that sizes the route's lua
+// shared dict.
+const SharedDictSizeKey = "shared_dict_size"
+
+// sharedDictSize is the route's lua_shared_dict size: values.shared_dict_size
+// in nginx size form (digits, optional k/m/g), from 8k (nginx's least) to
+// 16g, or DefaultSharedDictSize. The value is written into an nginx
+// directive unquoted, so only that form passes.
+func (c *compilation) sharedDictSize() (string, error) {
+	v, ok := c.route.Spec.Nginx.Values[SharedDictSizeKey]
+	if !ok {
+		return DefaultSharedDictSize, nil
+	}
+	bad := fmt.Errorf("spec.nginx.values.%s %q must be an nginx size from 8k to 16g, such as 10m, 512k or 1g", SharedDictSizeKey, v)
+	num, mult := v, int64(1)
+	if n := len(v); n > 0 {
+		switch v[n-1] {
+		case 'k', 'K':
+			num, mult = v[:n-1], 1<<10
+		case 'm', 'M':
+			num, mult = v[:n-1], 1<<20
+		case 'g', 'G':
+			num, mult = v[:n-1], 1<<30
+		}
+	}
+	if num == "" || len(num) > 11 || num[0] == '0' {
+		return "", bad
+	}
+	for i := 0; i < len(num); i++ {
+		if num[i] < '0' || num[i] > '9' {
+			return "", bad
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n > (16<<30)/mult || n*mult < 8<<10 {
+		return "", bad
+	}
+	return v, nil
 }
 
 // llmOptions are the register_route options: spec.nginx.values verbatim
-// plus the slo fields, sorted by key.
+// plus the slo fields as the engine's own options (ttftMs → ttft_limit_ms,
+// decodeTokensPerSecond → tps_limit_tps; the schema rejects a route giving
+// either also as a value), sorted by key.
 func (c *compilation) llmOptions() [][2]string {
 	spec := c.route.Spec
 	out := make([][2]string, 0, len(spec.Nginx.Values)+2)
@@ -110,10 +188,10 @@ func (c *compilation) llmOptions() [][2]string {
 	}
 	if s := spec.SLO; s != nil {
 		if s.TTFTMs > 0 {
-			out = append(out, [2]string{"slo_ttft_ms", strconv.Itoa(int(s.TTFTMs))})
+			out = append(out, [2]string{"ttft_limit_ms", strconv.Itoa(int(s.TTFTMs))})
 		}
 		if s.DecodeTokensPerSecond > 0 {
-			out = append(out, [2]string{"slo_decode_tps", strconv.Itoa(int(s.DecodeTokensPerSecond))})
+			out = append(out, [2]string{"tps_limit_tps", strconv.Itoa(int(s.DecodeTokensPerSecond))})
 		}
 	}
 	out = c.failureModeOptions(out)
@@ -157,13 +235,20 @@ func (c *compilation) appendServerHead(b []byte) []byte {
 // see /v2/…; "(?s)" lets the capture cross a decoded %0A.
 func (c *compilation) appendStrip(b []byte) []byte {
 	b = append(b, "        rewrite \"(?s)^/"...)
-	for i := 0; i < len(c.name); i++ {
-		if c.name[i] == '.' {
+	b = appendRouteRE(b, c.name)
+	b = append(b, "(/.*)$\" $1 break;\n"...)
+	return b
+}
+
+// appendRouteRE writes the route name as a regex matching it literally
+// (route names are [a-z0-9._-]: only '.' needs escaping).
+func appendRouteRE(b []byte, name string) []byte {
+	for i := 0; i < len(name); i++ {
+		if name[i] == '.' {
 			b = append(b, '\\')
 		}
-		b = append(b, c.name[i])
+		b = append(b, name[i])
 	}
-	b = append(b, "(/.*)$\" $1 break;\n"...)
 	return b
 }
 

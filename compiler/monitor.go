@@ -38,7 +38,7 @@ func (c *compilation) renderMonitor(model string) []byte {
 	for i := range c.backends {
 		b = append(b, "service: model="...)
 		b = append(b, model...)
-		b = append(b, " gpu="...)
+		b = append(b, " gpu_type="...)
 		b = append(b, gpu...)
 		b = append(b, " endpoint="...)
 		b = c.backends[i].appendHostPort(b)
@@ -100,22 +100,27 @@ func gpuWord(s string) bool {
 // gpuVendorWords are dropped from the front of a product label.
 var gpuVendorWords = map[string]bool{"NVIDIA": true, "Tesla": true, "GeForce": true, "Quadro": true}
 
-// gpuSeriesWords join the following token: RTX-4090 → RTX4090.
+// gpuSeriesWords join the following word: RTX-4090 → RTX4090,
+// RTX-A6000 → RTXA6000.
 var gpuSeriesWords = map[string]bool{"RTX": true, "GTX": true, "TITAN": true}
 
-// ShortGPU turns an nvidia.com/gpu.product label into a short GPU name:
+// ShortGPU turns an nvidia.com/gpu.product label, as GPU feature discovery
+// writes it (the product name with spaces as '-'), into a short GPU name:
 // split on '-', drop leading vendor/brand words (NVIDIA, Tesla, GeForce,
-// Quadro), take the next word, joined with the word after it when it is a
-// series word (RTX, GTX, TITAN). Form factor, memory and MIG suffixes
-// (SXM4, 80GB, HBM3, PCIe, MIG-…) are dropped:
+// Quadro), take the next word; after a series word (RTX, GTX, TITAN) also
+// take an optional PRO and then the model word. Everything after the
+// model (form factor, memory, generation, edition, MIG profile) is dropped:
 //
-//	NVIDIA-H100-80GB-HBM3    → H100
-//	NVIDIA-A100-SXM4-80GB    → A100
-//	NVIDIA-GeForce-RTX-4090  → RTX4090
-//	NVIDIA-L40S              → L40S
-//	Tesla-V100-SXM2-16GB     → V100
+//	NVIDIA-H100-80GB-HBM3                        → H100
+//	NVIDIA-H20-3e                                → H20
+//	NVIDIA-A100-SXM4-80GB                        → A100
+//	NVIDIA-GeForce-RTX-4090                      → RTX4090
+//	NVIDIA-RTX-A6000                             → RTXA6000
+//	NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition → RTXPRO6000
+//	NVIDIA-L40S                                  → L40S
+//	Tesla-V100-SXM2-16GB                         → V100
 //
-// It returns "" for an empty label or one it cannot read (a word with
+// It returns "" for an empty label or one it cannot read (a name word with
 // characters other than letters and digits).
 func ShortGPU(product string) string {
 	words := strings.Split(product, "-")
@@ -127,8 +132,16 @@ func ShortGPU(product string) string {
 		return ""
 	}
 	name := words[i]
-	if gpuSeriesWords[strings.ToUpper(name)] && i+1 < len(words) && gpuWord(words[i+1]) {
-		name += words[i+1]
+	if !gpuSeriesWords[strings.ToUpper(name)] {
+		return name
+	}
+	i++
+	if i < len(words) && strings.EqualFold(words[i], "PRO") {
+		name += words[i]
+		i++
+	}
+	if i < len(words) && gpuWord(words[i]) {
+		name += words[i]
 	}
 	return name
 }

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
@@ -170,7 +173,7 @@ func TestNginxLLMRegistration(t *testing.T) {
 	for k, v := range values {
 		wantOpts[k] = v
 	}
-	wantOpts["slo_ttft_ms"], wantOpts["slo_decode_tps"] = "2000", "20"
+	wantOpts["ttft_limit_ms"], wantOpts["tps_limit_tps"] = "2000", "20"
 	if !reflect.DeepEqual(options, wantOpts) {
 		t.Errorf("options:\n got %#v\nwant %#v", options, wantOpts)
 	}
@@ -217,5 +220,132 @@ func TestNginxLLMHostileValues(t *testing.T) {
 	}
 	if got := tiers[0].(map[string]any)["probe_path"]; got != "/"+allBytes() {
 		t.Errorf("probe_path: lua read %q", got)
+	}
+}
+
+// TestNginxLLMSharedDict proves on a real nginx that each llm route file
+// declares the lua shared dict named as its route, at the size given by
+// values.shared_dict_size (default 10m): two routes in one http{} load
+// together and each has its own dict.
+func TestNginxLLMSharedDict(t *testing.T) {
+	port, err := nginxtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A probe server reads the dicts' capacities from lua.
+	n := nginxtest.Start(t, nginxtest.Options{
+		LuaPackagePath: filepath.Join(repoRoot(t), "testdata", "lua", "?.lua"),
+		HTTPConfig: fmt.Sprintf(`server {
+        listen 127.0.0.1:%d;
+        location = /dict {
+            content_by_lua_block {
+                local d = ngx.shared[ngx.var.arg_name]
+                ngx.print(d and d:capacity() or "none")
+            }
+        }
+    }`, port),
+	})
+	snap := Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000}}}
+	install(t, n, llmRoute("qwen", nil, routespec.Peer{Use: "backend", Priority: 2}), snap)
+	install(t, n, llmRoute("llama.v3", map[string]string{SharedDictSizeKey: "512k"}, routespec.Peer{Use: "backend", Priority: 2}), snap)
+	for name, want := range map[string]string{"qwen": "10485760", "llama.v3": "524288", "other": "none"} {
+		if code, body := nginxtest.Get(t, fmt.Sprintf("http://127.0.0.1:%d/dict?name=%s", port, name)); code != 200 || body != want {
+			t.Errorf("dict %q: %d %q, want capacity %s", name, code, body, want)
+		}
+	}
+	// Both routes still serve.
+	for _, route := range []string{"qwen", "llama.v3"} {
+		if name, _, _, _ := registered(t, n.URL(route)); name != route {
+			t.Errorf("route %q registered as %q", route, name)
+		}
+	}
+}
+
+// TestSharedDictSize: only the nginx size form, from 8k to 16g, reaches
+// the lua_shared_dict line; anything else fails the route.
+func TestSharedDictSize(t *testing.T) {
+	snap := normalized(Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000}}})
+	for _, ok := range []string{"8k", "8192", "10m", "512K", "1g", "16g", "17179869184"} {
+		res, err := Compile(llmRoute("r", map[string]string{SharedDictSizeKey: ok}, routespec.Peer{Use: "backend", Priority: 2}), snap, Options{})
+		if err != nil {
+			t.Errorf("%q: %v", ok, err)
+			continue
+		}
+		if conf, _ := res.Outputs[0].Render(nil); !strings.Contains(string(conf), "\nlua_shared_dict r "+ok+";\n") {
+			t.Errorf("%q: no dict line in\n%s", ok, conf)
+		}
+	}
+	for _, bad := range []string{"", "0", "7k", "8191", "010m", "17g", "99999999999g", "10 m", "10m;", "10m; include /etc/passwd", "1.5m", "-1m", "10mb", "m"} {
+		if _, err := Compile(llmRoute("r", map[string]string{SharedDictSizeKey: bad}, routespec.Peer{Use: "backend", Priority: 2}), snap, Options{}); err == nil || !strings.Contains(err.Error(), SharedDictSizeKey) {
+			t.Errorf("%q: err %v, want a shared_dict_size error", bad, err)
+		}
+	}
+}
+
+// TestNginxLLMTuningInPodOnly proves through the dispatch server that the
+// route's engine endpoints (/<route>/_…) answer only in-pod callers: the
+// dispatch passes the client address as X-Real-IP, the route server
+// restores it, allow/deny sees it. Normal paths answer everyone.
+func TestNginxLLMTuningInPodOnly(t *testing.T) {
+	n := startNginx(t)
+	var seen []string
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, r.URL.RequestURI()+" "+r.Header.Get("X-Real-IP"))
+		fmt.Fprint(w, "backend ok")
+	}))
+	defer backend.Close()
+	host, port := hostPort(t, backend.Listener.Addr().String())
+	install(t, n, llmRoute("tune.v1", nil, routespec.Peer{Use: "backend", Priority: 2}),
+		Snapshot{Backends: []Endpoint{{IP: host, Port: port}}})
+	url := n.URL("tune.v1")
+
+	// An outside client: the dispatch sees 127.0.0.2 (any 127/8 address
+	// is local on Linux, so a second client address needs no network).
+	outside := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)},
+	}).DialContext}}
+	get := func(c *http.Client, u string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, readAll(t, resp)
+	}
+
+	// In-pod (127.0.0.1): the engine answers its endpoint.
+	if code, body := get(http.DefaultClient, url+"_registered", nil); code != 200 || !strings.Contains(body, `"calls"`) {
+		t.Errorf("in-pod _registered: %d %q", code, body)
+	}
+	// Outside: 403, also with a forged X-Real-IP (the dispatch overwrites it)
+	// and for any /_ path, before the engine or a backend sees it.
+	for _, p := range []string{"_registered", "_tps_status", "_peers?x=1", "_"} {
+		for _, hdr := range []map[string]string{nil, {"X-Real-IP": "127.0.0.1"}} {
+			if code, _ := get(outside, url+p, hdr); code != 403 {
+				t.Errorf("outside %s %v: %d, want 403", p, hdr, code)
+			}
+		}
+	}
+	// Normal traffic from outside is unaffected, and so are paths with an
+	// '_' further in.
+	seen = nil
+	for _, p := range []string{"v1/models", "v1/_x", "v1/chat?q=/_tps_status", "a_b"} {
+		if code, body := get(outside, url+p, nil); code != 200 || body != "backend ok" {
+			t.Errorf("outside %s: %d %q", p, code, body)
+		}
+	}
+	want := []string{"/v1/models 127.0.0.2", "/v1/_x 127.0.0.2", "/v1/chat?q=/_tps_status 127.0.0.2", "/a_b 127.0.0.2"}
+	if !reflect.DeepEqual(seen, want) {
+		t.Errorf("backend saw %q, want %q", seen, want)
+	}
+	// An in-pod /_ path the engine does not answer still reaches the
+	// backends, as before.
+	seen = nil
+	if code, body := get(http.DefaultClient, url+"_other", nil); code != 200 || body != "backend ok" || len(seen) != 1 || seen[0] != "/_other 127.0.0.1" {
+		t.Errorf("in-pod _other: %d %q, backend saw %q", code, body, seen)
 	}
 }

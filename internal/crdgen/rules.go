@@ -21,6 +21,7 @@ const isVideo = `(has(self.modelType) && self.modelType == "video")`
 const (
 	routeRE = `^[a-z0-9._-]+$`
 	modelRE = `^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$`
+	dictRE  = `^[1-9][0-9]{0,10}[kKmMgG]?$`
 )
 
 // Messages of the CUE rules that live in comprehensions, copied verbatim;
@@ -39,21 +40,22 @@ const (
 	msgCartPeer       = "a peer with use: cart requires spec.cart; add spec.cart or remove this peer"
 	msgFromBackend    = "maxConcurrencyFromBackend: true needs a use: backend peer with maxConcurrency > 0 (the per-backend limit it multiplies); add maxConcurrency to the backend peer"
 	msgFromBackendUse = "maxConcurrencyFromBackend is only for use: cart peers; remove it"
-	msgSLOTTFT        = "set either spec.slo.ttftMs or spec.nginx.values.slo_ttft_ms, not both"
-	msgSLOTPS         = "set either spec.slo.decodeTokensPerSecond or spec.nginx.values.slo_decode_tps, not both"
+	msgSLOTTFT        = "spec.slo.ttftMs and spec.nginx.values.ttft_limit_ms both set the engine option ttft_limit_ms; keep one: remove the value (spec.slo.ttftMs renders it) or remove spec.slo.ttftMs"
+	msgSLOTPS         = "spec.slo.decodeTokensPerSecond and spec.nginx.values.tps_limit_tps both set the engine option tps_limit_tps; keep one: remove the value (spec.slo.decodeTokensPerSecond renders it) or remove spec.slo.decodeTokensPerSecond"
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
+	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1g (from 8k to 16g; it sizes the route's lua shared dict)"
 )
 
 // copiedMessages lists the hand-copied messages for TestRulesFollowCUE.
 var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
-	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
-var copiedRegexes = []string{routeRE, modelRE}
+var copiedRegexes = []string{routeRE, modelRE, dictRE}
 
 func rule(r, msg, fieldPath string) apiextv1.ValidationRule {
 	return apiextv1.ValidationRule{Rule: r, Message: msg, FieldPath: fieldPath}
@@ -86,8 +88,9 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 			rule(`!`+isVideo+` || !has(self.nginx.values) || !("upload_req_burst" in self.nginx.values) || "upload_req_limit" in self.nginx.values`, msgBurst, ".nginx.values"),
 			rule(isVideo+` || has(self.cart) || self.nginx.peers.all(p, p.use != "cart")`, msgCartPeer, ".nginx.peers"),
 			rule(isVideo+` || !self.nginx.peers.exists(p, has(p.maxConcurrencyFromBackend) && p.maxConcurrencyFromBackend) || self.nginx.peers.exists(p, p.use == "backend" && has(p.maxConcurrency))`, msgFromBackend, ".nginx.peers"),
-			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("slo_ttft_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
-			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("slo_decode_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
+			rule(isVideo+` || !has(self.nginx.values) || !("shared_dict_size" in self.nginx.values) || self.nginx.values["shared_dict_size"].matches(`+celString(dictRE)+`)`, msgDictSize, ".nginx.values"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("ttft_limit_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
+			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("tps_limit_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
 		},
 		"spec.discovery": exactlyOne,
 		"spec.cart":      exactlyOne,

@@ -106,9 +106,9 @@ type Monitor struct {
 // SLO holds LLM service targets. Each maps to one register_route option,
 // documented in docs/lua-contract.md.
 type SLO struct {
-	// TTFTMs is the target time to first token → option slo_ttft_ms.
+	// TTFTMs is the target time to first token → engine option ttft_limit_ms.
 	TTFTMs int32 `json:"ttftMs,omitempty"`
-	// DecodeTokensPerSecond is the minimum decode rate → slo_decode_tps.
+	// DecodeTokensPerSecond is the minimum decode rate → engine option tps_limit_tps.
 	DecodeTokensPerSecond int32 `json:"decodeTokensPerSecond,omitempty"`
 }
 
