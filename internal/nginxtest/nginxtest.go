@@ -40,6 +40,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,6 +63,20 @@ const (
 	NDKModule   = "/usr/lib/nginx/modules/ndk_http_module.so"
 	LuaModule   = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 )
+
+// RepoDir is the repository's root directory (from this source file's
+// path, so it is right in every package's tests).
+func RepoDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// RouterLuaPath is the lua_package_path entry of the reference routing
+// engine, deploy/openresty/lua/router.lua: the module every llm data-plane
+// test loads (Options.LuaPackagePath).
+func RouterLuaPath() string {
+	return filepath.Join(RepoDir(), "deploy", "openresty", "lua", "?.lua")
+}
 
 // timeout bounds every wait of this package (startup, reload, stop). nginx
 // needs well under a second for each; the margin is for a loaded CI machine.
