@@ -90,7 +90,7 @@ func enginePeers(t *testing.T, url string) []enginePeer {
 	body := readAll(t, resp)
 	var status struct {
 		State []struct {
-			Use   string     `json:"use"`
+			Use   string       `json:"use"`
 			Peers []enginePeer `json:"peers"`
 		} `json:"state"`
 	}
