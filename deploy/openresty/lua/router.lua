@@ -313,7 +313,10 @@ function M.access(route)
         return
       end
     end
+    ngx.status = 503
     ngx.header["Retry-After"] = "1"
+    ngx.header["Content-Type"] = "text/plain"
+    ngx.say("route ", route, ": every peer of the ", t.use, " tier is at its max_concurrency")
     return ngx.exit(503)
   end
 end
