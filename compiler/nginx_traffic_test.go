@@ -3,8 +3,11 @@ package compiler
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -266,5 +269,45 @@ func TestNginxTrafficTPSStatus(t *testing.T) {
 	}
 	if pod.hits.Load() != 0 {
 		t.Errorf("_tps_status reached a backend (%d hits)", pod.hits.Load())
+	}
+}
+
+// TestNginxTrafficIPv6Peer: a peer host is a bare IPv6 address (the
+// contract's form, no brackets); the balancer and the health probe reach
+// it.
+func TestNginxTrafficIPv6Peer(t *testing.T) {
+	l, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	var probes atomic.Int64
+	v6 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			probes.Add(1)
+		}
+		fmt.Fprint(w, "pod-v6")
+	}))
+	v6.Listener.Close()
+	v6.Listener = l
+	v6.Start()
+	t.Cleanup(v6.Close)
+	port := int32(l.Addr().(*net.TCPAddr).Port)
+	n := startNginx(t)
+	probed := backendTier
+	probed.ProbePath = "/healthz"
+	install(t, n, threeTierRoute("v6", map[string]string{"health_probe_interval_seconds": "0.1"}, probed),
+		Snapshot{Backends: []Endpoint{{IP: "::1", Port: port, Ready: true}}, BackendService: deadVIP(t), CartService: deadVIP(t)})
+	fails, bodies := hammer(t, n.URL("v6")+"v1/chat", 30)
+	if fails != 0 || bodies["pod-v6"] != 30 {
+		t.Errorf("IPv6 peer: %d failures, %v", fails, bodies)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if probes.Load() == 0 {
+		t.Errorf("the health probe never reached the IPv6 peer")
+	}
+	for _, p := range enginePeers(t, n.URL("v6")) {
+		if p.Host == "::1" && !p.Healthy {
+			t.Errorf("IPv6 peer %+v: want healthy", p)
+		}
 	}
 }

@@ -120,6 +120,15 @@ local function pkey(kind, t, p)
   return kind .. "|" .. t.use .. "|" .. p.host .. "|" .. p.port
 end
 
+-- bracketed: the host as nginx parses an address; an IPv6 host (given
+-- bare, as the contract writes it) in brackets.
+local function bracketed(host)
+  if string.find(host, ":", 1, true) then
+    return "[" .. host .. "]"
+  end
+  return host
+end
+
 local probe
 
 function M.registered(route)
@@ -150,7 +159,7 @@ function M.register_route(route, options, tiers)
   if not prev and r.probe_every > 0 then
     local has_probe = false
     for _, t in ipairs(r.tiers) do
-      has_probe = has_probe or t.probe_path ~= nil
+      has_probe = has_probe or type(t.probe_path) == "string"
     end
     if has_probe then
       local ok, err = ngx.timer.every(r.probe_every, probe, route)
@@ -364,7 +373,7 @@ function M.balance(route)
   local p = t.peers[pi]
   r.store:incr(pkey("a", t, p), 1, 0)
   r.store:incr(pkey("t", t, p), 1, 0)
-  local ok, err = balancer.set_current_peer(p.host, p.port)
+  local ok, err = balancer.set_current_peer(bracketed(p.host), p.port)
   if not ok then
     ngx.log(ngx.ERR, "set_current_peer: ", err)
     return ngx.exit(500)
@@ -403,12 +412,11 @@ end
 local function probe_one(host, port, path)
   local sock = ngx.socket.tcp()
   sock:settimeouts(1000, 1000, 2000)
-  local ok = sock:connect(host, port)
+  local h = bracketed(host)
+  local ok = sock:connect(h, port)
   if not ok then
     return false
   end
-  local h = host
-  if string.find(host, ":", 1, true) then h = "[" .. host .. "]" end
   local sent = sock:send("GET " .. path .. " HTTP/1.0\r\nHost: " .. h .. "\r\nUser-Agent: autoconfig-router-probe\r\n\r\n")
   local line = sent and sock:receive("*l")
   sock:close()
@@ -422,7 +430,9 @@ probe = function(premature, route)
     return
   end
   for _, t in ipairs(r.tiers) do
-    if t.probe_path then
+    -- A path that cannot go into a request line as is (space, control or
+    -- non-ASCII byte) is not probed.
+    if type(t.probe_path) == "string" and string.match(t.probe_path, "^/[%w%p]*$") then
       for _, p in ipairs(t.peers) do
         local ok, healthy = pcall(probe_one, p.host, p.port, t.probe_path)
         if ok and healthy then
