@@ -44,7 +44,9 @@
 -- state (active requests, failure counts, ejections, health) lives in
 -- ngx.shared[<route>] and is shared by the workers and across reloads
 -- (keys name the peer by tier use, host and port, never by index). Without
--- it, a worker-local table holds it (per worker; lost on reload).
+-- it, a worker-local table holds it (per worker; lost on reload). Known
+-- limit: a worker that crashes mid-request leaves its active counts in the
+-- shared dict (they are released only by the log phase).
 --
 -- No request header is read for peer choice: peers come only from
 -- register_route.
