@@ -111,7 +111,7 @@ func TestNginxLoadsValidRoutes(t *testing.T) {
 	}
 	for name := range routes {
 		// The public download path needs no key on any video route with
-		// the default auth_public_paths; llm routes go through the stub.
+		// the default auth_public_paths; llm routes go through the reference engine.
 		code, body, _ := do(t, nil, "GET", n.URL(name)+"v2/video_generation/id/content", nil, "")
 		if code != 200 && code != 401 {
 			t.Errorf("route %s: %d %q", name, code, body)

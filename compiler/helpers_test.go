@@ -54,12 +54,11 @@ func videoRoute(name string, values map[string]string, peers ...routespec.Peer) 
 	return r
 }
 
-// startNginx runs a real nginx with the stub lua engine of testdata/lua.
+// startNginx runs a real nginx with the reference lua engine of
+// deploy/openresty/lua (router.lua).
 func startNginx(t *testing.T) *nginxtest.Nginx {
 	t.Helper()
-	return nginxtest.Start(t, nginxtest.Options{
-		LuaPackagePath: filepath.Join(repoRoot(t), "testdata", "lua", "?.lua"),
-	})
+	return nginxtest.Start(t, nginxtest.Options{LuaPackagePath: nginxtest.RouterLuaPath()})
 }
 
 // install compiles route against snap (normalised, as discovery leaves it)

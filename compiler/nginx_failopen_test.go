@@ -17,9 +17,9 @@ import (
 )
 
 // The real-nginx tests of docs/failure-modes.md: the video route (stock
-// nginx upstream) and the llm route through the stub engine of
-// testdata/lua/router.lua, which implements the lua contract's failure-mode
-// options. Counts are logged (go test -v -run 'FailOpen|FailMode') and are
+// nginx upstream) and the llm route through the reference engine of
+// deploy/openresty/lua/router.lua, which implements the lua contract's
+// failure-mode options. Counts are logged (go test -v -run 'FailOpen|FailMode') and are
 // the figures quoted in the docs.
 
 // hammerRequests is the size of every burst (the seed design's 150).
@@ -68,33 +68,37 @@ func hammer(t *testing.T, url string, n int) (fails int, bodies map[string]int) 
 	return fails, bodies
 }
 
-// stubPeer is one peer of the stub engine's GET /<route>/_peers.
-type stubPeer struct {
+// enginePeer is one peer's live state in the engine's GET /<route>/_status.
+type enginePeer struct {
 	Host       string `json:"host"`
 	Port       int32  `json:"port"`
+	Active     int    `json:"active"`
 	Fails      int    `json:"fails"`
 	Ejected    bool   `json:"ejected"`
 	Ejections  int    `json:"ejections"`
 	Tries      int    `json:"tries"`
+	Healthy    bool   `json:"healthy"`
 	tier, addr string
 }
 
-func stubPeers(t *testing.T, url string) []stubPeer {
+func enginePeers(t *testing.T, url string) []enginePeer {
 	t.Helper()
-	resp, err := http.Get(url + "_peers")
+	resp, err := http.Get(url + "_status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body := readAll(t, resp)
-	var tiers []struct {
-		Use   string     `json:"use"`
-		Peers []stubPeer `json:"peers"`
+	var status struct {
+		State []struct {
+			Use   string       `json:"use"`
+			Peers []enginePeer `json:"peers"`
+		} `json:"state"`
 	}
-	if err := json.Unmarshal([]byte(body), &tiers); err != nil {
-		t.Fatalf("_peers %q: %v", body, err)
+	if err := json.Unmarshal([]byte(body), &status); err != nil {
+		t.Fatalf("_status %q: %v", body, err)
 	}
-	var out []stubPeer
-	for _, tr := range tiers {
+	var out []enginePeer
+	for _, tr := range status.State {
 		for _, p := range tr.Peers {
 			p.tier, p.addr = tr.Use, fmt.Sprintf("%s:%d", p.Host, p.Port)
 			out = append(out, p)
@@ -134,7 +138,7 @@ func TestNginxLLMFailOpenPickerDown(t *testing.T) {
 	if fails != 0 || bodies["pod-a"] == 0 || bodies["pod-b"] == 0 {
 		t.Errorf("FailOpen with the cart tier dead: %d failures, bodies %v; want 0 failures, both pool pods serving", fails, bodies)
 	}
-	cart := stubPeers(t, n.URL("open"))[0]
+	cart := enginePeers(t, n.URL("open"))[0]
 	if cart.tier != "cart" || !cart.Ejected {
 		t.Errorf("dead cart VIP should be ejected after 3 connection failures: %+v", cart)
 	}
@@ -180,7 +184,7 @@ func TestNginxLLMFailOpenRefusingEndpoint(t *testing.T) {
 		if !tc.open && fails == 0 {
 			t.Errorf("%s (control): 0 failures; the refusing endpoint did not refuse, so the FailOpen figures prove nothing", tc.route)
 		}
-		for _, p := range stubPeers(t, n.URL(tc.route)) {
+		for _, p := range enginePeers(t, n.URL(tc.route)) {
 			if p.addr == fmt.Sprintf("127.0.0.1:%d", dead.Port) {
 				if tc.open && (!p.Ejected || p.Ejections != 1) {
 					t.Errorf("%s: refusing endpoint %+v, want ejected once", tc.route, p)
@@ -207,7 +211,7 @@ func TestNginxLLMFailOpenEjectionCap(t *testing.T) {
 	install(t, n, withMode(llmRoute("cap", nil, backendTier), routespec.FailOpen), Snapshot{Backends: eps})
 	hammer(t, n.URL("cap")+"v1/chat", hammerRequests)
 	ejected, refusing := 0, 0
-	for _, p := range stubPeers(t, n.URL("cap")) {
+	for _, p := range enginePeers(t, n.URL("cap")) {
 		if p.Port != eps[0].Port {
 			refusing++
 		}
@@ -237,7 +241,7 @@ func TestNginxLLMFailOpen503NotEjected(t *testing.T) {
 		t.Errorf("503 answers %d, busy hits %d, ok %v/%d: want every 503 passed back, none retried, busy still chosen",
 			fails, busy.hits.Load(), bodies, ok.hits.Load())
 	}
-	for _, p := range stubPeers(t, n.URL("busy")) {
+	for _, p := range enginePeers(t, n.URL("busy")) {
 		if p.Ejected || p.Fails != 0 {
 			t.Errorf("peer %+v: a 503 must not count as a failure", p)
 		}

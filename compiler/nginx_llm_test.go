@@ -54,7 +54,7 @@ func randomHostile(seed uint64, n int) []string {
 	return out
 }
 
-// unhexJSON decodes the stub's hex-encoded JSON back into Go values:
+// unhexJSON decodes the engine's hex-encoded JSON (GET _status?strings=hex) back into Go values:
 // strings and map keys from hex, numbers as float64.
 func unhexJSON(t *testing.T, v any) any {
 	t.Helper()
@@ -62,7 +62,7 @@ func unhexJSON(t *testing.T, v any) any {
 	case string:
 		b, err := hex.DecodeString(x)
 		if err != nil {
-			t.Fatalf("stub sent non-hex string %q", x)
+			t.Fatalf("engine sent non-hex string %q", x)
 		}
 		return string(b)
 	case []any:
@@ -75,7 +75,7 @@ func unhexJSON(t *testing.T, v any) any {
 		for k, e := range x {
 			kb, err := hex.DecodeString(k)
 			if err != nil {
-				t.Fatalf("stub sent non-hex key %q", k)
+				t.Fatalf("engine sent non-hex key %q", k)
 			}
 			out[string(kb)] = unhexJSON(t, e)
 		}
@@ -84,22 +84,23 @@ func unhexJSON(t *testing.T, v any) any {
 	return v
 }
 
-// registered asks the stub engine what the route registered.
+// registered asks the engine (GET /<route>/_status?strings=hex, the
+// reference router.lua's status endpoint) what the route registered.
 func registered(t *testing.T, url string) (name string, options map[string]any, tiers []any, calls int) {
 	t.Helper()
-	resp, err := http.Get(url + "_registered")
+	resp, err := http.Get(url + "_status?strings=hex")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body := readAll(t, resp)
 	if resp.StatusCode != 200 {
-		t.Fatalf("GET _registered: %d %s", resp.StatusCode, body)
+		t.Fatalf("GET _status: %d %s", resp.StatusCode, body)
 	}
 	var raw struct {
-		Name    string         `json:"name"`
+		Name    string         `json:"route"`
 		Options map[string]any `json:"options"`
 		Tiers   []any          `json:"tiers"`
-		Calls   int            `json:"calls"`
+		Calls   int            `json:"registrations"`
 	}
 	if err := json.Unmarshal([]byte(body), &raw); err != nil {
 		t.Fatalf("decode %s: %v", body, err)

@@ -40,6 +40,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,20 @@ const (
 	LuaModule   = "/usr/lib/nginx/modules/ngx_http_lua_module.so"
 )
 
+// RepoDir is the repository's root directory (from this source file's
+// path, so it is right in every package's tests).
+func RepoDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// RouterLuaPath is the lua_package_path entry of the reference routing
+// engine, deploy/openresty/lua/router.lua: the module every llm data-plane
+// test loads (Options.LuaPackagePath).
+func RouterLuaPath() string {
+	return filepath.Join(RepoDir(), "deploy", "openresty", "lua", "?.lua")
+}
+
 // timeout bounds every wait of this package (startup, reload, stop). nginx
 // needs well under a second for each; the margin is for a loaded CI machine.
 const timeout = 15 * time.Second
@@ -84,6 +99,15 @@ type Options struct {
 	// ErrorLogLevel is the error_log level (default "info", which shows
 	// reloads and deleted sockets).
 	ErrorLogLevel string
+	// Reference runs the repository's deploy/openresty/nginx.conf (the
+	// reference configuration for stock openresty) instead of this
+	// package's template, with only what Debian's nginx and a private
+	// prefix need changed: load_module lines, daemon off, temp paths, and
+	// the openresty paths rewritten to the prefix (sockets, routes, logs),
+	// to deploy/openresty/lua (lua_package_path) and to a loopback port.
+	// LuaPackagePath and MainConfig are ignored; HTTPConfig is inserted at
+	// the top of http{}.
+	Reference bool
 }
 
 // Nginx is one running (or stopped) nginx master with its private prefix.
@@ -236,7 +260,59 @@ http {
 }
 `))
 
+// referenceConfig is deploy/openresty/nginx.conf adapted to this instance
+// (Options.Reference). Every rewritten line must be present exactly once,
+// so a change of the reference file fails loudly here.
+func (n *Nginx) referenceConfig() ([]byte, error) {
+	path := filepath.Join(RepoDir(), "deploy", "openresty", "nginx.conf")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	conf := string(b)
+	const openresty = "/usr/local/openresty/nginx/"
+	var head strings.Builder
+	head.WriteString("# deploy/openresty/nginx.conf, adapted by internal/nginxtest\ndaemon off;\n")
+	if os.Geteuid() == 0 {
+		head.WriteString("user root;\n")
+	}
+	fmt.Fprintf(&head, "load_module %s;\nload_module %s;\n", NDKModule, LuaModule)
+	temp := "http {\n"
+	for _, d := range []string{"client_body", "proxy", "fastcgi", "uwsgi", "scgi"} {
+		temp += fmt.Sprintf("    %s_temp_path %s/tmp/%s;\n", d, n.prefix, d)
+	}
+	temp += n.opts.HTTPConfig + "\n"
+	for _, r := range [][2]string{
+		{"worker_processes auto;", fmt.Sprintf("worker_processes %d;", n.opts.Workers)},
+		{"error_log logs/error.log info;", fmt.Sprintf("error_log %s info;", n.errorLogPath())},
+		{"pid logs/nginx.pid;", "pid " + filepath.Join(n.prefix, "logs", "nginx.pid") + ";"},
+		{"http {\n", temp},
+		{`lua_package_path "` + openresty + `lua/?.lua;;";`, `lua_package_path "` + RouterLuaPath() + `;;";`},
+		{"include conf.d/routes/*.conf;", "include " + n.routesDir + "/*.conf;"},
+		{"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", n.port)},
+		{"http://unix:" + openresty + "sock/", "http://unix:" + n.sockDir + "/"},
+	} {
+		if c := strings.Count(conf, r[0]); c != 1 {
+			return nil, fmt.Errorf("%s: %q occurs %d times, want once", path, r[0], c)
+		}
+		conf = strings.Replace(conf, r[0], r[1], 1)
+	}
+	for _, line := range strings.Split(conf, "\n") {
+		if l := strings.TrimSpace(line); !strings.HasPrefix(l, "#") && strings.Contains(l, openresty) {
+			return nil, fmt.Errorf("%s: openresty path left after the rewrite: %s", path, l)
+		}
+	}
+	return []byte(head.String() + conf), nil
+}
+
 func (n *Nginx) writeConfig() error {
+	if n.opts.Reference {
+		conf, err := n.referenceConfig()
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(n.ConfPath(), conf, 0o644)
+	}
 	var b bytes.Buffer
 	err := confTemplate.Execute(&b, map[string]any{
 		"Workers": n.opts.Workers,
@@ -294,7 +370,11 @@ func (n *Nginx) Relaunch() error {
 
 func (n *Nginx) healthy() bool {
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/_nginxtest/health", n.port))
+	path := "/_nginxtest/health"
+	if n.opts.Reference {
+		path = "/healthz"
+	}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", n.port, path))
 	if err != nil {
 		return false
 	}
