@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -235,7 +234,7 @@ func TestNginxLLMSharedDict(t *testing.T) {
 	}
 	// A probe server reads the dicts' capacities from lua.
 	n := nginxtest.Start(t, nginxtest.Options{
-		LuaPackagePath: filepath.Join(repoRoot(t), "testdata", "lua", "?.lua"),
+		LuaPackagePath: nginxtest.RouterLuaPath(),
 		HTTPConfig: fmt.Sprintf(`server {
         listen 127.0.0.1:%d;
         location = /dict {
@@ -319,12 +318,12 @@ func TestNginxLLMTuningInPodOnly(t *testing.T) {
 	}
 
 	// In-pod (127.0.0.1): the engine answers its endpoint.
-	if code, body := get(http.DefaultClient, url+"_registered", nil); code != 200 || !strings.Contains(body, `"calls"`) {
-		t.Errorf("in-pod _registered: %d %q", code, body)
+	if code, body := get(http.DefaultClient, url+"_status", nil); code != 200 || !strings.Contains(body, `"registrations"`) {
+		t.Errorf("in-pod _status: %d %q", code, body)
 	}
 	// Outside: 403, also with a forged X-Real-IP (the dispatch overwrites it)
 	// and for any /_ path, before the engine or a backend sees it.
-	for _, p := range []string{"_registered", "_tps_status", "_peers?x=1", "_"} {
+	for _, p := range []string{"_status", "_tps_status", "_status?strings=hex", "_"} {
 		for _, hdr := range []map[string]string{nil, {"X-Real-IP": "127.0.0.1"}} {
 			if code, _ := get(outside, url+p, hdr); code != 403 {
 				t.Errorf("outside %s %v: %d, want 403", p, hdr, code)

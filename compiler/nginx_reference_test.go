@@ -12,11 +12,10 @@ import (
 // with a compiled three-tier FailOpen route: the dispatch server, the
 // routes include and the lua path of the reference file work together. nginx -t
 // does not load lua, so only real requests prove the module loads and
-// registers. Two routes: one without and one with a per-route
-// "lua_shared_dict <route> 10m;" (which the renderer may add), whose peer
-// state then lives in the shared dict.
+// registers. Two routes, each with the "lua_shared_dict <route> 10m;" the
+// renderer declares, so their peer state lives in the shared dict.
 func TestNginxReferenceConf(t *testing.T) {
-	n := nginxtest.Start(t, nginxtest.Options{Reference: true, Workers: 2, HTTPConfig: "    lua_shared_dict shd 10m;"})
+	n := nginxtest.Start(t, nginxtest.Options{Reference: true, Workers: 2})
 	a, b := newBackend(t, text("pod-a")), newBackend(t, text("pod-b"))
 	dead := Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}
 	snap := Snapshot{Backends: []Endpoint{a.endpoint(t), b.endpoint(t), dead}, BackendService: deadVIP(t), CartService: deadVIP(t)}
@@ -32,8 +31,8 @@ func TestNginxReferenceConf(t *testing.T) {
 			Route  string `json:"route"`
 			Shared bool   `json:"shared_dict"`
 		}
-		if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.Route != route || st.Shared != (route == "shd") {
-			t.Errorf("%s: _status %d %s (%v); want shared_dict %v", route, code, body, err, route == "shd")
+		if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.Route != route || !st.Shared {
+			t.Errorf("%s: _status %d %s (%v); want shared_dict true", route, code, body, err)
 		}
 	}
 	// With the shared dict, both workers see one ejection of the dead pod.
