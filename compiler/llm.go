@@ -23,8 +23,7 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The register_route call is written twice (both locations).
-	b := make([]byte, 0, 4096+2*(96*n+128*len(c.route.Spec.Nginx.Values)))
+	b := make([]byte, 0, 4096+96*n+128*len(c.route.Spec.Nginx.Values))
 	b = c.appendHeader(b)
 	// Route files are included inside http{}: the dict is declared here,
 	// one per route, named as the route.
@@ -45,17 +44,17 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	b = c.appendServerHead(b)
 	b = append(b, "    location / {\n"...)
 	b = c.appendLLMLocation(b, tiers)
-	// The route's own engine endpoints (/<route>/_…, seen by the engine as
-	// /_… after the prefix strip) answer in-pod callers only: the dispatch
-	// passes the client address as X-Real-IP and the server head restores
-	// it, so allow/deny sees the real client.
-	b = append(b, "\n    # The engine's own endpoints (/<route>/_…): in-pod callers only.\n    location ~ \"^/"...)
-	b = appendRouteRE(b, c.name)
-	b = append(b, "/_\" {\n        allow 127.0.0.1;\n        allow ::1;\n        deny all;\n"...)
-	b = c.appendLLMLocation(b, tiers)
 	b = append(b, "}\n"...)
 	return b, nil
 }
+
+// tuningGuard refuses the engine's endpoints (/_…) to every caller but the
+// pod's own loopback addresses.
+const tuningGuard = `            -- The engine's own endpoints (/<route>/_…): in-pod callers only.
+            if ngx.var.uri:sub(1, 2) == "/_" and ngx.var.remote_addr ~= "127.0.0.1" and ngx.var.remote_addr ~= "::1" then
+                return ngx.exit(ngx.HTTP_FORBIDDEN)
+            end
+`
 
 // appendLLMLocation writes the body of an llm location: prefix strip,
 // lazy registration and admission, proxy through the engine's balancer,
@@ -64,7 +63,13 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 	up := upstreamName(c.name)
 	route := LuaString(c.name)
 	b = c.appendStrip(b)
-	b = append(b, "        access_by_lua_block {\n            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
+	// The route's own engine endpoints (/<route>/_…, /_… after the
+	// prefix strip) answer in-pod callers only: the dispatch passes the
+	// client address as X-Real-IP and the server head restores it, so
+	// $remote_addr is the real client. A guard in the one location keeps
+	// the peer table written once (a second location with allow/deny
+	// would need its own copy of the registration).
+	b = append(b, "        access_by_lua_block {\n"+tuningGuard+"            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
 	b = append(b, route...)
 	b = append(b, ") then\n                router.register_route("...)
 	b = append(b, route...)
