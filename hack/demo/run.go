@@ -177,9 +177,13 @@ func (d *demo) startController(ctx context.Context, sockDir string) error {
 	if err != nil {
 		return err
 	}
-	mp, err := nginxtest.FreePort()
-	if err != nil {
-		return err
+	// Two FreePort calls may return the same port (each listener is
+	// closed before the next call): ask again until they differ.
+	mp := hp
+	for mp == hp {
+		if mp, err = nginxtest.FreePort(); err != nil {
+			return err
+		}
 	}
 	d.ctrlHealth = "127.0.0.1:" + strconv.Itoa(hp)
 	d.ctrlMetrics = "127.0.0.1:" + strconv.Itoa(mp)
