@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// backend is a small local HTTP server standing in for one video
-// generation pod: it answers every request with its own name, so requests
-// through nginx show which backend served them.
+// backend is a small local HTTP server standing in for one model pod (a
+// video generation pod or a vLLM pod): it answers every request with its
+// own name, so requests through nginx show which backend served them.
 type backend struct {
 	name string
 	addr *net.TCPAddr
@@ -41,13 +41,15 @@ func (b *backend) endpoint() endpoint {
 	return endpoint{ip: b.addr.IP.String(), port: int32(b.addr.Port)}
 }
 
+// close stops the server: its port then refuses connections (closing
+// twice is harmless).
 func (b *backend) close() { b.srv.Close() }
 
 func (d *demo) stopBackends() {
-	for _, b := range d.video {
+	for _, b := range append(d.video, d.llm...) {
 		b.close()
 	}
-	d.video = nil
+	d.video, d.llm = nil, nil
 }
 
 // videoRound sends n requests through nginx's dispatch port to the video
@@ -56,6 +58,32 @@ func (d *demo) stopBackends() {
 // are paced at the route's upload_req_limit (10r/s) so the limit never
 // delays or rejects them.
 func (d *demo) videoRound(ctx context.Context, n int) (served []string, failed int) {
+	return d.round(ctx, n, 110*time.Millisecond, func() *http.Request {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.nginx.URL(videoRoute)+"v2/video_generation/tasks", nil)
+		req.Header.Set("Authorization", "Bearer "+videoAPIKey)
+		return req
+	})
+}
+
+// llmPath is what the llm requests ask for, under the route's prefix.
+const llmPath = "v1/chat/completions"
+
+// llmRound sends n chat completions through nginx's dispatch port to the
+// llm route (/qwen/v1/chat/completions, dispatched to the route's server,
+// where the reference lua engine picks the peer) and returns which
+// backends answered, sorted, and how many requests failed.
+func (d *demo) llmRound(ctx context.Context, n int) (served []string, failed int) {
+	return d.round(ctx, n, 20*time.Millisecond, func() *http.Request {
+		body := `{"model":"` + llmModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.nginx.URL(llmRoute)+llmPath, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return req
+	})
+}
+
+// round sends n requests made by mk, pace apart, each on a new connection,
+// and returns which backends answered 200 (sorted) and how many did not.
+func (d *demo) round(ctx context.Context, n int, pace time.Duration, mk func() *http.Request) (served []string, failed int) {
 	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	seen := map[string]bool{}
 	for i := 0; i < n; i++ {
@@ -63,12 +91,10 @@ func (d *demo) videoRound(ctx context.Context, n int) (served []string, failed i
 			select {
 			case <-ctx.Done():
 				return nil, n
-			case <-time.After(110 * time.Millisecond):
+			case <-time.After(pace):
 			}
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.nginx.URL(videoRoute)+"v2/video_generation/tasks", nil)
-		req.Header.Set("Authorization", "Bearer "+videoAPIKey)
-		resp, err := c.Do(req)
+		resp, err := c.Do(mk())
 		if err != nil {
 			failed++
 			continue
@@ -99,3 +125,4 @@ func backendNames(bs []*backend) []string {
 }
 
 func videoName(i int) string { return "video-" + strconv.Itoa(i) }
+func llmName(i int) string   { return "qwen-" + strconv.Itoa(i) }

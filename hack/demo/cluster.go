@@ -65,9 +65,13 @@ func (d *demo) setupCluster(ctx context.Context) error {
 		// the routes' namespace.
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: monitorNS, Name: monitorCM,
 			Annotations: map[string]string{allowedNamespacesAnnotation: routeNS}}},
-		service(llmBackendNS, "qwen", "http", 8000),
+		// Headless here: the demo has no kube-proxy, so a ClusterIP
+		// would lead nowhere. The llm route's cart tier (CART VIP) and
+		// backend-svc tier (backend VIP) are skipped with a warning and
+		// the backend pod-IP tier serves.
+		headless(service(llmBackendNS, "qwen", "http", 8000)),
 		service(videoNS, "wan", "http", 8000),
-		service(routeNS, "qwen-cart", "http", 9000),
+		headless(service(routeNS, "qwen-cart", "http", 9000)),
 		service(routeNS, "openresty", "dispatch", 8080),
 	)
 	for _, o := range objs {
@@ -87,6 +91,7 @@ func (d *demo) setupCluster(ctx context.Context) error {
 	d.say("ConfigMaps %s/%s (empty), %s/%s (CART base config), %s/%s (annotated %s=%s)",
 		routeNS, nginxCM, routeNS, cartCM, monitorNS, monitorCM, allowedNamespacesAnnotation, routeNS)
 	d.say("Services llm/qwen, video/wan (no endpoints yet), llm-route/qwen-cart (2 pods), llm-route/openresty (1 pod)")
+	d.say("llm/qwen and llm-route/qwen-cart are headless (no kube-proxy here): the qwen route's cart and backend-svc tiers are skipped, its backend pods serve")
 	return nil
 }
 
@@ -98,6 +103,12 @@ func service(ns, name, portName string, port int32) *corev1.Service {
 			Ports: []corev1.ServicePort{{Name: portName, Port: port, TargetPort: intstr.FromInt32(port), Protocol: corev1.ProtocolTCP}},
 		},
 	}
+}
+
+// headless makes s a Service without a ClusterIP.
+func headless(s *corev1.Service) *corev1.Service {
+	s.Spec.ClusterIP = corev1.ClusterIPNone
+	return s
 }
 
 // endpoint is one backend address.

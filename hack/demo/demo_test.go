@@ -28,6 +28,10 @@ func TestDemo(t *testing.T) {
 		"served by video-1, video-2, video-3, video-4 (",
 		"served by video-1 (",
 		"the last good backend list stays",
+		"llm requests served by qwen-1, qwen-2 (",
+		"llm requests served by qwen-1, qwen-2, qwen-3, qwen-4 (",
+		"with qwen-2 refusing → llm requests served by qwen-1, qwen-3, qwen-4, 0 client failures",
+		"llm requests served by qwen-1 (",
 		"done: every scene converged",
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -3,7 +3,10 @@
 // `autoconfig controller` binary, the sample routes from deploy/samples,
 // backends that scale out and in, and — where nginx with the lua module is
 // installed — a real nginx data plane fed by the real `reload` sidecar
-// binary, with requests through the video route reaching the new backends.
+// binary, with requests through the video route reaching the new backends
+// and requests through the llm route (the reference lua router of
+// deploy/openresty/lua) following scale-out and failing over when one
+// backend refuses connections.
 //
 //	make demo            # or: go run ./hack/demo [-pause 2s] [-nginx auto|on|off]
 //

@@ -35,8 +35,9 @@ type demo struct {
 	nginx *nginxtest.Nginx
 	// procs are the subprocesses, stopped in reverse order on exit.
 	procs []*proc
-	// video are the running local video backends, by address.
-	video []*backend
+	// video and llm are the running local video and vLLM stand-in
+	// backends, in start order.
+	video, llm []*backend
 	// last holds the previously shown content of each rendered output.
 	last map[string]string
 	// ctrlHealth is the controller's health address.
@@ -51,6 +52,7 @@ const (
 	monitorNS    = "monitoring"
 	monitorCM    = "monitor-conf"
 	llmRoute     = "qwen"
+	llmModel     = "Qwen/Qwen2.5-72B-Instruct"
 	videoRoute   = "wan-video"
 	videoAPIKey  = "sk-video-1"
 	llmBackendNS = "llm"
@@ -218,16 +220,17 @@ func (d *demo) startNginx(ctx context.Context) error {
 	routes := filepath.Join(d.tmp, "routes")
 	n, err := nginxtest.Launch(nginxtest.Options{
 		RoutesDir: routes,
-		// The stand-in lua engine lets the llm route's file load and
-		// register (the production engine is the openresty image's).
-		LuaPackagePath: filepath.Join(d.root, "testdata", "lua", "?.lua"),
+		// The reference lua engine (deploy/openresty/lua/router.lua) is
+		// the `router` module the llm route file calls: tiers,
+		// least connections, retry on connect failure, ejection, probes.
+		LuaPackagePath: filepath.Join(d.root, "deploy", "openresty", "lua", "?.lua"),
 	})
 	if err != nil {
 		return err
 	}
 	d.nginx = n
 	d.procs = append(d.procs, &proc{name: "nginx", stop: n.Close})
-	d.say("nginx dispatch on %s, routes from %s", n.Addr(), routes)
+	d.say("nginx dispatch on %s, routes from %s, lua router from deploy/openresty/lua", n.Addr(), routes)
 	args := []string{
 		"--configmap", routeNS + "/" + nginxCM, "--write-dir", routes, "--kubeconfig", d.kube,
 		"--process", n.MasterMatch(), "--sock-dir", n.SockDir(),

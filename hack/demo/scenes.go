@@ -57,6 +57,12 @@ func (d *demo) scenes(ctx context.Context) error {
 			return err
 		}
 		d.pause(ctx)
+		if s.llm == 4 && d.nginx != nil {
+			if err := d.failover(ctx); err != nil {
+				return err
+			}
+			d.pause(ctx)
+		}
 	}
 	if err := d.scaleToZero(ctx); err != nil {
 		return err
@@ -69,16 +75,17 @@ func (d *demo) scenes(ctx context.Context) error {
 	return nil
 }
 
-// llmEndpoints are simulated vLLM pod addresses (nothing connects to them
-// in the demo: the llm route needs the openresty image's lua engine).
-func llmEndpoints(n int) []endpoint {
+// llmEndpoints are the EndpointSlice entries of the running vLLM
+// stand-ins, spread over the two GPU nodes (the monitor output's gpu type).
+func llmEndpoints(bs []*backend) []endpoint {
 	var eps []endpoint
-	for i := 0; i < n; i++ {
-		node := "gpu-a"
+	for i, b := range bs {
+		e := b.endpoint()
+		e.node = "gpu-a"
 		if i%2 == 1 {
-			node = "gpu-b"
+			e.node = "gpu-b"
 		}
-		eps = append(eps, endpoint{ip: fmt.Sprintf("10.244.1.%d", 10+i), port: 8000, node: node})
+		eps = append(eps, e)
 	}
 	return eps
 }
@@ -88,6 +95,17 @@ func llmEndpoints(n int) []endpoint {
 func (d *demo) scale(ctx context.Context, title string, llmN, videoN int) error {
 	d.title(title)
 	var removed []*backend
+	for len(d.llm) < llmN {
+		b, err := d.startBackend(llmName(d.nextLLM()))
+		if err != nil {
+			return err
+		}
+		d.llm = append(d.llm, b)
+	}
+	if len(d.llm) > llmN {
+		removed = append(removed, d.llm[llmN:]...)
+		d.llm = d.llm[:llmN]
+	}
 	for len(d.video) < videoN {
 		b, err := d.startBackend(videoName(d.nextVideo()))
 		if err != nil {
@@ -96,23 +114,24 @@ func (d *demo) scale(ctx context.Context, title string, llmN, videoN int) error 
 		d.video = append(d.video, b)
 	}
 	if len(d.video) > videoN {
-		removed = d.video[videoN:]
+		removed = append(removed, d.video[videoN:]...)
 		d.video = d.video[:videoN]
 	}
 	var veps []endpoint
 	for _, b := range d.video {
 		veps = append(veps, b.endpoint())
 	}
-	d.say("EndpointSlices: llm/qwen → %d ready pods, video/wan → %s", llmN, strings.Join(describe(d.video), ", "))
+	leps := llmEndpoints(d.llm)
+	d.say("EndpointSlices: llm/qwen → %s, video/wan → %s", strings.Join(describe(d.llm), ", "), strings.Join(describe(d.video), ", "))
 	start := time.Now()
-	if err := d.setEndpoints(ctx, llmBackendNS, "qwen", "http", llmEndpoints(llmN)); err != nil {
+	if err := d.setEndpoints(ctx, llmBackendNS, "qwen", "http", leps); err != nil {
 		return err
 	}
 	if err := d.setEndpoints(ctx, videoNS, "wan", "http", veps); err != nil {
 		return err
 	}
 	if err := d.waitFor(ctx, fmt.Sprintf("routes converge on %d/%d backends", llmN, videoN), func() (bool, error) {
-		return d.converged(ctx, llmEndpoints(llmN), veps)
+		return d.converged(ctx, leps, veps)
 	}); err != nil {
 		return err
 	}
@@ -136,6 +155,17 @@ func (d *demo) scale(ctx context.Context, title string, llmN, videoN int) error 
 		}
 		d.say("nginx (reloaded by the reload sidecar): %d × GET /%s/v2/video_generation/tasks → served by %s (since the scale: %s)",
 			n, videoRoute, strings.Join(got, ", "), time.Since(start).Round(10*time.Millisecond))
+		want = backendNames(d.llm)
+		n = 2*len(want) + 2
+		if err := d.waitFor(ctx, "nginx serves the llm route from "+strings.Join(want, ", "), func() (bool, error) {
+			served, failed := d.llmRound(ctx, n)
+			got = served
+			return failed == 0 && slices.Equal(served, want), nil
+		}); err != nil {
+			return err
+		}
+		d.say("nginx + lua router: %d × POST /%s/%s → llm requests served by %s (since the scale: %s)",
+			n, llmRoute, llmPath, strings.Join(got, ", "), time.Since(start).Round(10*time.Millisecond))
 	}
 	for _, b := range removed {
 		b.close()
@@ -146,9 +176,10 @@ func (d *demo) scale(ctx context.Context, title string, llmN, videoN int) error 
 	return nil
 }
 
-var videoCounter int
+var videoCounter, llmCounter int
 
 func (d *demo) nextVideo() int { videoCounter++; return videoCounter }
+func (d *demo) nextLLM() int   { llmCounter++; return llmCounter }
 
 func describe(bs []*backend) []string {
 	var out []string
