@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -111,23 +112,37 @@ type OwnedKey struct {
 	ConfigMap string
 	// Key is the data key.
 	Key string
+	// Field is the spec field that names the key (where to change it).
+	Field string
 }
 
-// OwnedKeys are the keys the route's spec renders alone, computed from the
-// spec without validation or endpoints, so even a route whose spec became
-// invalid can be cleaned up: the route file and the monitor file. The
-// CART config.yaml is not included: it is the whole per-model file of the
-// CART chart, rewritten in part, never removed. Compile's outputs use the
-// same names.
-func OwnedKeys(route *Route) []OwnedKey {
+// OutputKeys are every key the route writes, in Compile's output order:
+// the route file, the CART config.yaml (spec.cart), the monitor file
+// (spec.monitor). They come from the spec alone (no validation, no
+// endpoints), so two routes that would write one key can be found before
+// anything is written.
+func OutputKeys(route *Route) []OwnedKey {
 	var out []OwnedKey
 	if cm := route.Spec.Nginx.OutputConfigMap; cm != "" {
-		out = append(out, OwnedKey{ResolveRef(route, cm), RouteKey(route)})
+		out = append(out, OwnedKey{ResolveRef(route, cm), RouteKey(route), "spec.nginx.route"})
+	}
+	if c := route.Spec.Cart; c != nil && c.OutputConfigMap != "" {
+		out = append(out, OwnedKey{ResolveRef(route, c.OutputConfigMap), CartKey, "spec.cart.outputConfigMap"})
 	}
 	if m := route.Spec.Monitor; m != nil && m.OutputConfigMap != "" {
-		out = append(out, OwnedKey{ResolveRef(route, m.OutputConfigMap), MonitorKey(MonitorModel(route))})
+		out = append(out, OwnedKey{ResolveRef(route, m.OutputConfigMap), MonitorKey(MonitorModel(route)), "spec.monitor.model"})
 	}
 	return out
+}
+
+// OwnedKeys are the keys the route's spec renders alone, the ones removed
+// when the route goes away: OutputKeys without the CART config.yaml, which
+// is the whole per-model file of the CART chart, rewritten in part, never
+// removed. Computed from the spec alone, so even a route whose spec became
+// invalid can be cleaned up.
+func OwnedKeys(route *Route) []OwnedKey {
+	out := OutputKeys(route)
+	return slices.DeleteFunc(out, func(k OwnedKey) bool { return k.Key == CartKey })
 }
 
 // Compile renders every output the route owns from a validated, defaulted

@@ -15,8 +15,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 func vetCommand() *cli.Command {
@@ -27,8 +29,11 @@ func vetCommand() *cli.Command {
 		Long: `
 Validates ModelRoute YAML against the embedded CUE schema: multi-document
 files, directories (every *.yaml / *.yml below them) and stdin (-).
-Each problem is printed as file:line: field.path: message.
-Exit status: 0 all valid, 1 any invalid, 2 usage error.
+Each problem is printed as file:line: field.path: message. Routes that are
+valid alone but would write the same ConfigMap key (the same nginx.route in
+one ConfigMap, monitor models Org/M and Org_M, two routes on one CART
+ConfigMap) are reported too, naming the other route's file:line.
+Exit status: 0 all valid, 1 any invalid or conflicting, 2 usage error.
 
 The same verdict without this binary:
   cue vet -c ./schema/ route.yaml -d '#ModelRoute'
@@ -81,6 +86,7 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 		return err
 	}
 	var results []vetResult
+	var routes []vetRoute // the valid documents, for the cross-route check
 	invalid := 0
 	for _, f := range files {
 		src, name, err := readInput(f, stdin)
@@ -98,6 +104,9 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			r := vetResult{File: d.File, Line: d.Line, Valid: d.Err == nil}
 			if d.Route != nil {
 				r.Name = d.Route.Name
+			}
+			if d.Err == nil {
+				routes = append(routes, vetRoute{result: len(results), doc: d})
 			}
 			var inv *schema.InvalidError
 			switch {
@@ -118,6 +127,19 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			results = append(results, r)
 		}
 	}
+	// Routes that are valid alone may still write one ConfigMap key
+	// together: in a cluster they would overwrite each other.
+	for _, c := range keyConflicts(routes) {
+		r := &results[c.result]
+		if r.Valid {
+			r.Valid = false
+			invalid++
+		}
+		r.Problems = append(r.Problems, c.problem)
+		if o.output == "text" {
+			fmt.Fprintln(stderr, c.problem.String())
+		}
+	}
 	if o.output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -131,6 +153,61 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 		return cli.ExitCode(1)
 	}
 	return nil
+}
+
+// vetRoute is a valid document and the index of its result.
+type vetRoute struct {
+	result int
+	doc    schema.Document
+}
+
+// keyConflict is a problem reported on the result at index result.
+type keyConflict struct {
+	result  int
+	problem schema.Problem
+}
+
+// keyConflicts finds routes that would write the same ConfigMap key
+// (compiler.OutputKeys: the route file, the CART config.yaml, the monitor
+// file). The first route in input order keeps the key; every later one
+// gets a problem naming the first and where it is. Two documents of one
+// route (same namespace and name) are one object, not a conflict.
+func keyConflicts(routes []vetRoute) []keyConflict {
+	type writer struct {
+		id, file string
+		line     int
+	}
+	first := map[compiler.OwnedKey]writer{}
+	var out []keyConflict
+	for _, vr := range routes {
+		mr := vr.doc.Route
+		route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
+		id := routespec.RefKey(mr.Name, mr.Namespace)
+		for _, k := range compiler.OutputKeys(route) {
+			at := compiler.OwnedKey{ConfigMap: k.ConfigMap, Key: k.Key}
+			w, taken := first[at]
+			if !taken {
+				first[at] = writer{id, vr.doc.File, vr.doc.Line}
+				continue
+			}
+			if w.id == id {
+				continue
+			}
+			out = append(out, keyConflict{result: vr.result, problem: schema.Problem{
+				File: vr.doc.File, Line: vr.doc.Line, Path: k.Field,
+				Message: fmt.Sprintf("route %s would write key %s of ConfigMap %s, which route %s (%s:%d) writes too; in a cluster they would overwrite each other: %s",
+					id, k.Key, k.ConfigMap, w.id, w.file, w.line, conflictAdvice[k.Field]),
+			}})
+		}
+	}
+	return out
+}
+
+// conflictAdvice says what to change, by the field that names the key.
+var conflictAdvice = map[string]string{
+	"spec.nginx.route":          "give one of them another nginx.route or another nginx.outputConfigMap",
+	"spec.cart.outputConfigMap": "each model's CART has its own ConfigMap: point one of them at another cart.outputConfigMap",
+	"spec.monitor.model":        "give one of them another monitor.model ('/' and '_' make the same key) or another monitor.outputConfigMap",
 }
 
 // expandInputs turns the arguments into a file list: directories are walked
