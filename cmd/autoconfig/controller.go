@@ -93,7 +93,7 @@ func (o *controllerOptions) Validate() error {
 }
 
 func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) error {
-	cfg, err := kubeclient.Config(o.kubeconfig, kubeclient.Discover)
+	cfg, err := kubeclient.Config(o.kubeconfig, ctrl.GetConfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}

@@ -55,7 +55,6 @@ var corpusDirs = []string{
 type doc struct {
 	id       string // file#index
 	file     string
-	wantCUE  bool // true = the file is in an invalid/ folder
 	cueErr   error
 	obj      map[string]any // nil when it does not decode to an object
 	parseErr error

@@ -5,31 +5,17 @@ package kubeclient
 
 import (
 	"fmt"
-	"os"
-	"os/user"
-	"path/filepath"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// Fallback says where the config comes from when no kubeconfig file is
-// named.
-type Fallback int
-
-const (
-	// InCluster uses the pod's service account only (the sidecars: they
-	// always run inside the pod they serve).
-	InCluster Fallback = iota
-	// Discover follows controller-runtime's order: $KUBECONFIG if set,
-	// else the in-cluster service account, else ~/.kube/config; client-side
-	// rate limiting is then left to API priority and fairness (QPS -1).
-	Discover
-)
-
 // Config returns the REST config of the kubeconfig file when one is named,
-// otherwise the one fallback finds. Errors name the flag or the source.
-func Config(kubeconfig string, fallback Fallback) (*rest.Config, error) {
+// otherwise the one fallback finds: InCluster for the sidecars (they always
+// run inside the pod they serve), controller-runtime's GetConfig for the
+// controller ($KUBECONFIG, the in-cluster service account, ~/.kube/config).
+// Errors name the flag or the source.
+func Config(kubeconfig string, fallback func() (*rest.Config, error)) (*rest.Config, error) {
 	if kubeconfig != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
@@ -37,34 +23,14 @@ func Config(kubeconfig string, fallback Fallback) (*rest.Config, error) {
 		}
 		return cfg, nil
 	}
-	if fallback == InCluster {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a cluster): %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := discover()
-	if err != nil {
-		return nil, err
-	}
-	if cfg.QPS == 0 {
-		cfg.QPS = -1
-	}
-	return cfg, nil
+	return fallback()
 }
 
-func discover() (*rest.Config, error) {
-	if os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
-		if cfg, err := rest.InClusterConfig(); err == nil {
-			return cfg, nil
-		}
+// InCluster is the pod's service account config.
+func InCluster() (*rest.Config, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a cluster): %w", err)
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if _, ok := os.LookupEnv("HOME"); !ok {
-		if u, err := user.Current(); err == nil {
-			rules.Precedence = append(rules.Precedence, filepath.Join(u.HomeDir, clientcmd.RecommendedHomeDir, clientcmd.RecommendedFileName))
-		}
-	}
-	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	return cfg, nil
 }
