@@ -56,7 +56,7 @@ local M = {}
 local routes = {}
 
 -- store: ngx.shared[route] when configured, else a worker-local table with
--- the same small interface (get, set with ttl, incr with init).
+-- the same small interface (get, set and add with ttl, incr with init).
 local function local_store()
   local data, expiry = {}, {}
   local s = {}
@@ -71,6 +71,12 @@ local function local_store()
     data[k] = v
     expiry[k] = (ttl and ttl > 0) and (ngx.now() + ttl) or nil
     return true
+  end
+  function s:add(k, v, ttl)
+    if self:get(k) ~= nil then
+      return false, "exists"
+    end
+    return self:set(k, v, ttl)
   end
   function s:incr(k, d, init)
     local v = (self:get(k) or init or 0) + d
@@ -254,7 +260,11 @@ local function connect_failed(r, t, p)
       return
     end
   end
-  r.store:set(pkey("e", t, p), true, r.eject_secs)
+  -- add, not set: two workers can both count past eject_after at once;
+  -- only the one whose add succeeds ejects (and counts the ejection).
+  if not r.store:add(pkey("e", t, p), true, r.eject_secs) then
+    return
+  end
   r.store:incr(pkey("n", t, p), 1, 0)
   r.store:set(pkey("f", t, p), 0)
   ngx.log(ngx.WARN, "route ", r.name, ": ejected ", t.use, " peer ", p.host, ":", p.port,
