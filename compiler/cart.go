@@ -35,10 +35,12 @@ func (c *compilation) cartWorkers() []CartWorker {
 
 // RenderCartConfig returns base (the CART chart's config.yaml) with its
 // top-level workers list replaced by workers; every other key, its order and
-// its comments stay as they are. configMap only names the source in errors.
+// its comments stay as they are, and the workers key carries the mark of
+// owner (OwnerRef of the route; "" = no mark). configMap only names the
+// source in errors.
 // A missing, empty or unparsable base is an error: the file belongs to the
 // CART chart and is never written from scratch or overwritten.
-func RenderCartConfig(base []byte, workers []CartWorker, configMap string) ([]byte, error) {
+func RenderCartConfig(base []byte, workers []CartWorker, configMap, owner string) ([]byte, error) {
 	if base == nil {
 		return nil, fmt.Errorf("%w: %s has no key %s: the CART chart must create its base config; autoconfig only rewrites the workers section", ErrCartBase, configMap, CartKey)
 	}
@@ -70,13 +72,20 @@ func RenderCartConfig(base []byte, workers []CartWorker, configMap string) ([]by
 				key.LineComment = old.LineComment
 			}
 			list.HeadComment, list.FootComment = old.HeadComment, old.FootComment
+			if owner != "" {
+				key.HeadComment = withCartMark(key.HeadComment, owner)
+			}
 			root.Content[i+1] = list
 			replaced = true
 			break
 		}
 	}
 	if !replaced {
-		root.Content = append(root.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: "workers"}, list)
+		key := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: "workers"}
+		if owner != "" {
+			key.HeadComment = withCartMark("", owner)
+		}
+		root.Content = append(root.Content, key, list)
 	}
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)

@@ -208,7 +208,7 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 			ConfigMap: cm,
 			Key:       CartKey,
 			Render: func(current []byte) ([]byte, error) {
-				return RenderCartConfig(current, c.cartWorkers(), cm)
+				return RenderCartConfig(current, c.cartWorkers(), cm, OwnerRef(route.Namespace, route.Name))
 			},
 		})
 	}

@@ -112,7 +112,7 @@ func TestCompileErrorsAndWarnings(t *testing.T) {
 
 func TestRenderCartConfig(t *testing.T) {
 	w := []CartWorker{{URL: "http://10.0.0.1:8000", MaxLoad: 20}, {URL: "http://[fd00::1]:8000", MaxLoad: 20}}
-	got, err := RenderCartConfig([]byte(cartBase), w, "ns/cart")
+	got, err := RenderCartConfig([]byte(cartBase), w, "ns/cart", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,17 +121,17 @@ func TestRenderCartConfig(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 	// Rendering its own output again changes nothing (no-op reconcile).
-	again, err := RenderCartConfig(got, w, "ns/cart")
+	again, err := RenderCartConfig(got, w, "ns/cart", "")
 	if err != nil || !bytes.Equal(again, got) {
 		t.Errorf("second render differs: %v\n%s", err, again)
 	}
 	// No workers key: appended at the end.
-	got, _ = RenderCartConfig([]byte("server:\n  port: 1\n"), w[:1], "ns/cart")
+	got, _ = RenderCartConfig([]byte("server:\n  port: 1\n"), w[:1], "ns/cart", "")
 	if string(got) != "server:\n  port: 1\nworkers:\n  - url: http://10.0.0.1:8000\n    max_load: 20\n" {
 		t.Errorf("append: %s", got)
 	}
 	for name, base := range map[string][]byte{"missing": nil, "empty": {}, "unparsable": []byte("a: [\n"), "list": []byte("- a\n")} {
-		if _, err := RenderCartConfig(base, w, "ns/cart"); !errors.Is(err, ErrCartBase) {
+		if _, err := RenderCartConfig(base, w, "ns/cart", ""); !errors.Is(err, ErrCartBase) {
 			t.Errorf("%s base: %v, want ErrCartBase", name, err)
 		}
 	}
