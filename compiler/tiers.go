@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"strconv"
 
@@ -47,7 +48,7 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 		switch p.Use {
 		case routespec.UseCart:
 			if c.cartSvc == nil {
-				c.warnf("spec.nginx.peers[%d] (use: cart) skipped: the CART Service has no ClusterIP in the snapshot", i)
+				c.skipTier(i, p.Use, "the CART Service has no ClusterIP in the snapshot")
 				continue
 			}
 			t.peers = []endpoint{*c.cartSvc}
@@ -63,15 +64,16 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 			// A FailOpen route in selector mode gets the controller-owned
 			// fallback Service's VIP (docs/failure-modes.md).
 			if spec.Discovery.Service == "" && !(c.failOpen() && c.backendSvc != nil) {
-				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: discovery uses a selector, so there is no backend Service VIP for the static last-resort tier", i)
+				c.skipTier(i, p.Use, "discovery uses a selector, so there is no backend Service VIP for the static last-resort tier")
 				continue
 			}
 			if c.backendSvc == nil {
-				c.warnf("spec.nginx.peers[%d] (use: backend-svc) skipped: the backend Service has no ClusterIP in the snapshot (headless Service?), so there is no static last-resort tier", i)
+				c.skipTier(i, p.Use, "the backend Service has no ClusterIP in the snapshot (headless Service?), so there is no static last-resort tier")
 				continue
 			}
 			t.peers = []endpoint{*c.backendSvc}
 		default:
+			c.res.Skipped = append(c.res.Skipped, SkippedTier{Index: i, Use: p.Use, Reason: fmt.Sprintf("unknown use %q", p.Use)})
 			c.warnf("spec.nginx.peers[%d] skipped: unknown use %q", i, p.Use)
 			continue
 		}
@@ -91,4 +93,11 @@ func (c *compilation) tiers(llm bool) ([]tier, error) {
 	}
 	slices.SortStableFunc(out, func(a, b tier) int { return cmp.Compare(b.priority, a.priority) })
 	return out, nil
+}
+
+// skipTier records a peers entry that renders no tier, as a warning (the
+// same text as always) and in Result.Skipped.
+func (c *compilation) skipTier(i int, use, reason string) {
+	c.res.Skipped = append(c.res.Skipped, SkippedTier{Index: i, Use: use, Reason: reason})
+	c.warnf("spec.nginx.peers[%d] (use: %s) skipped: %s", i, use, reason)
 }

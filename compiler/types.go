@@ -6,7 +6,11 @@
 // checks that rather than sorting again).
 package compiler
 
-import "github.com/modelsphere/autoconfig/internal/endpoints"
+import (
+	"fmt"
+
+	"github.com/modelsphere/autoconfig/internal/endpoints"
+)
 
 // Endpoint is one discovered endpoint (IP, port, readiness, node, GPU
 // label). Lists of them must be in normal form, sorted and unique
@@ -54,4 +58,21 @@ type Result struct {
 	// Warnings are conditions worth surfacing in status (e.g. backend-svc
 	// tier skipped in selector mode).
 	Warnings []string
+	// Skipped are the spec.nginx.peers entries that rendered no tier
+	// (also in Warnings).
+	Skipped []SkippedTier
+}
+
+// SkippedTier is a spec.nginx.peers entry that rendered no tier.
+type SkippedTier struct {
+	// Index in spec.nginx.peers.
+	Index int
+	// Use is the entry's use (cart, backend, backend-svc).
+	Use string
+	// Reason says why, in the user's terms.
+	Reason string
+}
+
+func (s SkippedTier) String() string {
+	return fmt.Sprintf("spec.nginx.peers[%d] (use: %s) skipped: %s", s.Index, s.Use, s.Reason)
 }

@@ -125,6 +125,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		Validator:      v,
 		Recorder:       mgr.GetEventRecorder(controller.Name),
 		CompileOptions: compiler.Options{SockDir: o.sockDir},
+		Namespaces:     o.namespaces,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.maxConcurrent); err != nil {
 		return fmt.Errorf("set up controller: %w", err)

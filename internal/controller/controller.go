@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -67,11 +68,15 @@ type Reconciler struct {
 	Compile CompileFunc
 	// CompileOptions are passed to every Compile.
 	CompileOptions compiler.Options
+	// Namespaces are the namespaces the manager's cache watches
+	// (--namespace); empty = all. References elsewhere are reported.
+	Namespaces []string
 
 	discovery *discovery.Reader
 	writer    *sink.Writer
 	specs     specCache
 	owned     ownership
+	waiting   waitSet
 }
 
 // state is one reconcile's working set, passed along the steps.
@@ -83,11 +88,10 @@ type state struct {
 	// fallback is the VIP of the route's owned fallback Service (FailOpen
 	// with selector discovery), fed into the snapshot's backend-svc tier.
 	fallback *compiler.ServiceVIP
+	// problems keep the route from Ready; a reconcile collects every one
+	// it can see before it reports (report).
+	problems []problem
 }
-
-// step is one stage of a reconcile. done=true ends the chain successfully
-// (e.g. waiting for backends); an error ends it with that error.
-type step func(ctx context.Context, st *state) (done bool, err error)
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
@@ -110,13 +114,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
 
 	st := &state{route: route}
-	for _, s := range []step{r.reconcileSpec, r.reconcileFallback, r.reconcileDiscovery, r.reconcileCompile, r.reconcileOutputs} {
-		done, err := s(ctx, st)
-		if err != nil || done {
+	if done, err := r.reconcileSpec(ctx, st); err != nil || done {
+		return ctrl.Result{}, err
+	}
+	if _, err := r.reconcileFallback(ctx, st); err != nil {
+		return ctrl.Result{}, err
+	}
+	// Every problem in the route's way is collected before it reports:
+	// unwatched namespaces, a missing Service, no backends, and what the
+	// output ConfigMaps say (checked without writing when there is
+	// nothing to write).
+	unwatched := r.checkNamespaces(st)
+	compiled := false
+	if len(unwatched) == 0 {
+		found, err := r.reconcileDiscovery(ctx, st)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
+		compiled = found && r.reconcileCompile(ctx, st)
 	}
-	markReady(st)
+	var err error
+	if compiled {
+		err = r.reconcileOutputs(ctx, st)
+	} else {
+		err = r.checkOutputs(ctx, st, unwatched)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	report(st)
 	return ctrl.Result{}, nil
 }
 
@@ -153,6 +179,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 // forget drops what the reconciler remembers about a route that is gone.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.owned.set(key, nil)
+	r.waiting.set(key, nil)
 	r.specs.forgetName(key)
 }
 
@@ -183,4 +210,46 @@ func (o *ownership) set(key types.NamespacedName, v map[string][]string) {
 		o.m = map[types.NamespacedName]map[string][]string{}
 	}
 	o.m[key] = v
+}
+
+// waitSet remembers the routes that wait on a ConfigMap's content without
+// owning a key that changes (too large, a key held by another route or by
+// hand), so any change to that ConfigMap re-renders them.
+type waitSet struct {
+	mu sync.Mutex
+	m  map[string]map[types.NamespacedName]bool // ConfigMap ns/name → routes
+}
+
+// set makes route wait on exactly cms.
+func (w *waitSet) set(route types.NamespacedName, cms []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for cm, routes := range w.m {
+		if routes[route] && !slices.Contains(cms, cm) {
+			delete(routes, route)
+			if len(routes) == 0 {
+				delete(w.m, cm)
+			}
+		}
+	}
+	for _, cm := range cms {
+		if w.m == nil {
+			w.m = map[string]map[types.NamespacedName]bool{}
+		}
+		if w.m[cm] == nil {
+			w.m[cm] = map[types.NamespacedName]bool{}
+		}
+		w.m[cm][route] = true
+	}
+}
+
+// on lists the routes waiting on cm.
+func (w *waitSet) on(cm string) []types.NamespacedName {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]types.NamespacedName, 0, len(w.m[cm]))
+	for r := range w.m[cm] {
+		out = append(out, r)
+	}
+	return out
 }

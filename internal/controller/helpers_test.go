@@ -166,7 +166,7 @@ func newHarness(t testing.TB, namespaces ...string) *harness {
 		t.Fatal(err)
 	}
 	cc := &countingClient{Client: mgr.GetClient()}
-	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name)}
+	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name), Namespaces: namespaces}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := r.SetupWithManager(ctx, mgr, 4); err != nil {
 		t.Fatal(err)

@@ -21,9 +21,10 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// reconcileOutputs writes the outputs, removes keys the route no longer
-// renders and records the written backends.
-func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, error) {
+// reconcileOutputs writes the outputs the route may write (writeGuard),
+// removes keys it no longer renders (only ones with its own mark) and
+// records what it holds and what is in its way.
+func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	key := client.ObjectKeyFromObject(st.route)
 	now := map[string][]string{}
 	for _, o := range st.result.Outputs {
@@ -35,16 +36,16 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 		// status (the spec may have changed while no controller ran).
 		prev, known = ownedFromStatus(st.route.Status.Outputs), true
 	}
-	// Until the stale keys are removed the route owns both sets: a failed
-	// write or removal leaves them listed, in memory and in status, for
-	// the next attempt.
+	// Until the stale keys are removed the route watches both sets: a
+	// failed write or removal leaves them listed, in memory and in
+	// status, for the next attempt.
 	pending := unionKeys(prev, now)
 	r.owned.set(key, pending)
-	st.route.Status.Outputs = statusOutputs(pending)
+	st.route.Status.Outputs = statusOutputs(unionKeys(ownedFromStatus(st.route.Status.Outputs), now))
 
-	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs)
+	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs, r.writeGuard(ctx, st.route))
 	if err != nil {
-		return false, fmt.Errorf("write outputs: %w", err)
+		return fmt.Errorf("write outputs: %w", err)
 	}
 	log := ctrl.LoggerFrom(ctx)
 	for _, o := range outcomes {
@@ -55,53 +56,113 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	}
 	if known {
 		if stale := staleKeys(prev, now); len(stale) > 0 {
-			if _, err := r.writer.Remove(ctx, st.route.Namespace, stale); err != nil {
-				return false, fmt.Errorf("remove keys no longer rendered: %w", err)
+			res, err := r.writer.Remove(ctx, st.route.Namespace, stale, removeGuard(st.route))
+			if err != nil {
+				return fmt.Errorf("remove keys no longer rendered: %w", err)
 			}
-			log.Info("removed keys the route no longer renders", "keys", stale)
+			log.Info("removed keys the route no longer renders", "keys", stale, "outcomes", fmt.Sprint(res))
 		}
 	}
 	r.owned.set(key, now)
-	st.route.Status.Outputs = statusOutputs(now)
+	st.route.Status.Outputs = statusOutputs(heldKeys(outcomes))
+	if r.outcomeProblems(st, outcomes) {
+		st.route.Status.Backends = int32(len(st.snap.Backends))
+		st.route.Status.BackendEndpoints = hostPorts(st.snap.Backends)
+	}
+	return nil
+}
 
-	written := false
-	var missing, forbidden, failed []string
+// checkOutputs reports, without writing, what the output ConfigMaps hold
+// in the route's way, for a reconcile that has nothing to write (no
+// backends, a missing Service, an unwatched namespace): every problem is
+// reported at once. ConfigMaps in unwatched namespaces are skipped (they
+// are reported already).
+func (r *Reconciler) checkOutputs(ctx context.Context, st *state, unwatched map[string]bool) error {
+	keys := map[string][]string{}
+	for _, k := range compiler.OutputKeys(compilerRoute(st.route)) {
+		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !unwatched[ns] {
+			keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
+		}
+	}
+	outcomes, err := r.writer.Check(ctx, st.route.Namespace, keys, r.writeGuard(ctx, st.route))
+	if err != nil {
+		return fmt.Errorf("check outputs: %w", err)
+	}
+	r.outcomeProblems(st, outcomes)
+	return nil
+}
+
+// heldKeys are the keys that hold the route's render after Apply.
+func heldKeys(outcomes []sink.Outcome) map[string][]string {
+	out := map[string][]string{}
 	for _, o := range outcomes {
+		if o.State != sink.Written && o.State != sink.Unchanged {
+			continue
+		}
+		for _, k := range o.Keys {
+			if !slices.ContainsFunc(o.Blocked, func(b sink.KeyError) bool { return b.Key == k }) {
+				out[o.ConfigMap] = append(out[o.ConfigMap], k)
+			}
+		}
+	}
+	return out
+}
+
+// outcomeProblems records the problems of the per-ConfigMap outcomes and
+// which ConfigMaps the route waits on; written reports whether any output
+// holds the current render.
+func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (written bool) {
+	var missing, forbidden, failed, tooLarge, conflicts, foreign, waitOn []string
+	for _, o := range outcomes {
+		c, f := keyProblems(o.Blocked)
+		conflicts, foreign = append(conflicts, c...), append(foreign, f...)
+		if len(o.Blocked) > 0 {
+			waitOn = append(waitOn, o.ConfigMap)
+		}
 		switch o.State {
 		case sink.Written, sink.Unchanged:
-			written = true
+			written = written || len(o.Blocked) < len(o.Keys)
 		case sink.Missing:
 			missing = append(missing, o.ConfigMap)
 		case sink.NotPermitted:
 			forbidden = append(forbidden, o.ConfigMap)
 		case sink.RenderFailed:
 			failed = append(failed, o.String())
+		case sink.TooLarge:
+			tooLarge = append(tooLarge, o.Err.Error())
+			waitOn = append(waitOn, o.ConfigMap)
 		}
 	}
-	if written {
-		st.route.Status.Backends = int32(len(st.snap.Backends))
-		st.route.Status.BackendEndpoints = hostPorts(st.snap.Backends)
-	}
-	switch {
-	case len(forbidden) > 0:
-		markStalled(st.route, ReasonNotPermitted, fmt.Sprintf(
+	r.waiting.set(client.ObjectKeyFromObject(st.route), waitOn)
+	if len(forbidden) > 0 {
+		st.block(ReasonNotPermitted, fmt.Sprintf(
 			"ConfigMap %s is in another namespace and does not allow routes from %q: add %q to its annotation %s (or \"*\"); nothing was written there",
-			strings.Join(forbidden, ", "), st.route.Namespace, st.route.Namespace, sink.AllowedNamespacesAnnotation))
-		return true, nil
-	case len(missing) > 0:
-		markStalled(st.route, ReasonOutputConfigMapMissing, fmt.Sprintf(
-			"ConfigMap %s does not exist; autoconfig never creates ConfigMaps (the consumer's chart does) and writes as soon as it appears",
-			strings.Join(missing, ", ")))
-		return true, nil
-	case len(failed) > 0:
-		markStalled(st.route, ReasonRenderFailed, strings.Join(failed, "; "))
-		return true, nil
+			strings.Join(forbidden, ", "), st.route.Namespace, st.route.Namespace, sink.AllowedNamespacesAnnotation), false)
 	}
-	return false, nil
+	if len(missing) > 0 {
+		st.block(ReasonOutputConfigMapMissing, fmt.Sprintf(
+			"ConfigMap %s does not exist; autoconfig never creates ConfigMaps (the consumer's chart does) and writes as soon as it appears",
+			strings.Join(missing, ", ")), false)
+	}
+	for _, m := range conflicts {
+		st.block(ReasonOutputConflict, m, false)
+	}
+	for _, m := range foreign {
+		st.block(ReasonOutputKeyForeign, m, false)
+	}
+	for _, m := range tooLarge {
+		st.block(ReasonOutputTooLarge, m, false)
+	}
+	if len(failed) > 0 {
+		st.block(ReasonRenderFailed, strings.Join(failed, "; "), false)
+	}
+	return written
 }
 
-// reconcileDelete removes the route's keys, then the finalizer. A missing
-// ConfigMap does not block deletion. The CART config.yaml is left as it is:
+// reconcileDelete removes the route's keys (only those that carry its
+// ownership mark: never a key another route or a person wrote, whatever
+// status.outputs lists), then the finalizer. A missing ConfigMap does not
+// block deletion. The CART config.yaml is left as it is:
 // the CART ConfigMap is per model and CART refuses an empty workers list, so
 // the CART chart's uninstall removes it (docs/controller.md).
 func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelRoute) error {
@@ -114,7 +175,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	// wrote: the spec may name other keys by now.
 	prev, _ := r.owned.get(key)
 	keys = unionKeys(keys, staleKeys(unionKeys(prev, ownedFromStatus(route.Status.Outputs)), keys))
-	outcomes, err := r.writer.Remove(ctx, route.Namespace, keys)
+	outcomes, err := r.writer.Remove(ctx, route.Namespace, keys, removeGuard(route))
 	if err != nil {
 		return fmt.Errorf("remove route keys: %w", err)
 	}

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,9 @@ const (
 	TypeReady       = "Ready"
 	TypeReconciling = "Reconciling"
 	TypeStalled     = "Stalled"
+	// TypeDegraded: Ready as it is, but part of the route is not rendered
+	// (a tier skipped); present only while true.
+	TypeDegraded = "Degraded"
 )
 
 // Condition reasons.
@@ -44,7 +48,80 @@ const (
 	ReasonRenderFailed = "OutputRenderFailed"
 	// ReasonRetrying: a transient error; the workqueue retries with backoff.
 	ReasonRetrying = "Retrying"
+	// ReasonServiceNotFound: spec.discovery.service does not exist.
+	ReasonServiceNotFound = "ServiceNotFound"
+	// ReasonNamespaceNotWatched: the route references a namespace outside
+	// the controller's --namespace list.
+	ReasonNamespaceNotWatched = "NamespaceNotWatched"
+	// ReasonOutputConflict: another route owns (or has the better claim
+	// to) a key this route renders; this route writes nothing there.
+	ReasonOutputConflict = "OutputConflict"
+	// ReasonOutputKeyForeign: a key this route renders exists without an
+	// ownership mark (hand-written); left untouched without the route's
+	// adopt-foreign-keys annotation.
+	ReasonOutputKeyForeign = "OutputKeyForeign"
+	// ReasonOutputTooLarge: the write would take a ConfigMap over 1 MiB.
+	ReasonOutputTooLarge = "OutputTooLarge"
+	// ReasonTierSkipped (condition Degraded): a spec.nginx.peers entry
+	// renders no tier (e.g. the CART Service is missing or headless).
+	ReasonTierSkipped = "TierSkipped"
 )
+
+// problem is one thing that keeps a route from Ready. waiting: the cluster
+// will fix it by itself (Reconciling), else someone must act (Stalled).
+type problem struct {
+	reason, msg string
+	waiting     bool
+}
+
+// precedence orders reasons for the Ready condition when a reconcile finds
+// several problems (all of them are in its message): the ones that explain
+// the others first.
+var precedence = []string{
+	ReasonNamespaceNotWatched, ReasonServiceNotFound, ReasonPortNotDerivable, ReasonNoBackends,
+	ReasonCompileFailed, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputConflict,
+	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonRenderFailed,
+}
+
+// block records a problem.
+func (st *state) block(reason, msg string, waiting bool) {
+	st.problems = append(st.problems, problem{reason, msg, waiting})
+}
+
+// report sets Ready from the problems: True when there are none, else
+// False with the first reason by precedence and every problem's message.
+func report(st *state) {
+	if len(st.problems) == 0 {
+		markReady(st)
+		return
+	}
+	ps := slices.Clone(st.problems)
+	slices.SortStableFunc(ps, func(a, b problem) int {
+		return slices.Index(precedence, a.reason) - slices.Index(precedence, b.reason)
+	})
+	msg := ps[0].msg
+	if len(ps) > 1 {
+		parts := make([]string, len(ps))
+		for i, p := range ps {
+			parts[i] = p.reason + ": " + p.msg
+		}
+		msg = fmt.Sprintf("%d problems: %s", len(ps), strings.Join(parts, "; "))
+	}
+	if ps[0].waiting {
+		markWaiting(st.route, ps[0].reason, msg)
+	} else {
+		markStalled(st.route, ps[0].reason, msg)
+	}
+}
+
+// markDegraded sets or clears Degraded from the compiled tiers.
+func markDegraded(route *v1alpha1.ModelRoute, skipped []string) {
+	if len(skipped) == 0 {
+		meta.RemoveStatusCondition(&route.Status.Conditions, TypeDegraded)
+		return
+	}
+	setCondition(route, TypeDegraded, metav1.ConditionTrue, ReasonTierSkipped, strings.Join(skipped, "; "))
+}
 
 func setCondition(route *v1alpha1.ModelRoute, typ string, status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&route.Status.Conditions, metav1.Condition{

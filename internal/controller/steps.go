@@ -7,8 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -41,14 +45,58 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, st *state) (bool, error)
 	return true, reconcile.TerminalError(fmt.Errorf("invalid spec: %w", err))
 }
 
-// reconcileDiscovery builds the endpoint snapshot. No backends stops here:
-// the last good output stays in place (an empty list is never written).
-func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, error) {
+// checkNamespaces records every namespace the route references (its
+// Services, its output ConfigMaps) that the controller does not watch
+// (--namespace): the cache cannot read there. It returns the unwatched
+// namespaces.
+func (r *Reconciler) checkNamespaces(st *state) map[string]bool {
+	if len(r.Namespaces) == 0 {
+		return nil
+	}
+	refs := map[string][]string{}
+	var order []string
+	for _, ref := range append(discovery.RouteServices(st.route), discovery.RouteConfigMaps(st.route)...) {
+		ns, _, _ := strings.Cut(ref, "/")
+		if slices.Contains(r.Namespaces, ns) {
+			continue
+		}
+		if _, seen := refs[ns]; !seen {
+			order = append(order, ns)
+		}
+		refs[ns] = append(refs[ns], ref)
+	}
+	out := map[string]bool{}
+	for _, ns := range order {
+		out[ns] = true
+		st.block(ReasonNamespaceNotWatched, fmt.Sprintf(
+			"namespace %s is not watched by this controller (--namespace %s), so %s cannot be read or written: add %s to --namespace (Helm value watchNamespaces)",
+			ns, strings.Join(r.Namespaces, ","), strings.Join(refs[ns], ", "), ns), false)
+	}
+	return out
+}
+
+// reconcileDiscovery builds the endpoint snapshot; found reports backends.
+// A discovery Service that does not exist is reported as such. No backends
+// keeps the last good output in place (an empty list is never written).
+func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (found bool, err error) {
+	if ref := st.spec.Spec.Discovery.Service; ref != "" {
+		ns, name := routespec.SplitRef(ref, st.route.Namespace)
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &corev1.Service{})
+		if apierrors.IsNotFound(err) {
+			st.block(ReasonServiceNotFound, fmt.Sprintf(
+				"Service %s/%s (spec.discovery.service) does not exist: create it or correct spec.discovery.service; keeping the last written output (%d endpoints)",
+				ns, name, st.route.Status.Backends), false)
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("get service %s/%s: %w", ns, name, err)
+		}
+	}
 	snap, err := r.discovery.Snapshot(ctx, st.spec)
 	var pe *discovery.PortError
 	if errors.As(err, &pe) {
-		markStalled(st.route, ReasonPortNotDerivable, pe.Error())
-		return true, nil
+		st.block(ReasonPortNotDerivable, pe.Error(), false)
+		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("discover: %w", err)
@@ -59,34 +107,62 @@ func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, e
 	st.snap = snap
 	st.route.Status.CartPeers = int32(len(snap.CartPods))
 	if len(snap.Backends) == 0 {
-		markWaiting(st.route, ReasonNoBackends, fmt.Sprintf(
+		st.block(ReasonNoBackends, fmt.Sprintf(
 			"no %s backends found for %s; keeping the last written output (%d endpoints)",
-			readyWord(st.spec.Spec.Discovery), discoverySource(st.spec), st.route.Status.Backends))
-		return true, nil
+			readyWord(st.spec.Spec.Discovery), discoverySource(st.spec), st.route.Status.Backends), true)
+		return false, nil
 	}
-	return false, nil
+	return true, nil
 }
 
 // reconcileCompile renders the outputs from the validated spec and the
-// snapshot (pure Go; no CUE here).
-func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (bool, error) {
+// snapshot (pure Go; no CUE here); ok reports a result to write.
+func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) {
 	compile := r.Compile
 	if compile == nil {
 		compile = compiler.Compile
 	}
 	res, err := compile(compilerRoute(st.spec), st.snap, r.CompileOptions)
 	if errors.Is(err, compiler.ErrNoBackends) {
-		markWaiting(st.route, ReasonNoBackends, err.Error())
-		return true, nil
+		st.block(ReasonNoBackends, err.Error(), true)
+		return false
 	}
 	if err != nil {
 		// The inputs come from the spec and the cluster, both watched: a
 		// change re-renders, a timer would not help.
-		markStalled(st.route, ReasonCompileFailed, err.Error())
-		return true, nil
+		st.block(ReasonCompileFailed, err.Error(), false)
+		return false
 	}
 	st.result = res
-	return false, nil
+	skipped := make([]string, len(res.Skipped))
+	for i, sk := range res.Skipped {
+		skipped[i] = sk.String() + r.skipDetail(ctx, st, sk)
+	}
+	markDegraded(st.route, skipped)
+	return true
+}
+
+// skipDetail adds what the cluster says about a skipped tier's Service.
+func (r *Reconciler) skipDetail(ctx context.Context, st *state, sk compiler.SkippedTier) string {
+	var ref string
+	switch {
+	case sk.Use == routespec.UseCart && st.spec.Spec.Cart != nil:
+		ref = st.spec.Spec.Cart.Service
+	case sk.Use == routespec.UseBackendSvc:
+		ref = st.spec.Spec.Discovery.Service
+	}
+	if ref == "" {
+		return ""
+	}
+	ns, name := routespec.SplitRef(ref, st.route.Namespace)
+	var svc corev1.Service
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf(" (Service %s/%s does not exist)", ns, name)
+	case err == nil && svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return fmt.Sprintf(" (Service %s/%s is headless)", ns, name)
+	}
+	return ""
 }
 
 // compilerRoute is the compiler's view of a route.

@@ -62,9 +62,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := SetupFallbackIndex(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	if err := SetupOwnershipIndex(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
+		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.mapPod), builder.WithPredicates(podChanged())).
@@ -74,17 +78,52 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		Complete(r)
 }
 
-// routeChanged passes spec changes (generation) and the start of deletion;
-// our own status and finalizer patches do not re-trigger a reconcile.
+// routeChanged passes spec changes (generation), the start of deletion and
+// a change of the adopt-foreign-keys annotation; our own status and
+// finalizer patches do not re-trigger a reconcile.
 func routeChanged() predicate.Predicate {
 	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero() ||
+				e.ObjectOld.GetAnnotations()[AdoptForeignKeysAnnotation] != e.ObjectNew.GetAnnotations()[AdoptForeignKeysAnnotation]
 		},
 		CreateFunc:  func(event.CreateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	})
+}
+
+// claimsChanged passes the route events that can change who owns a key:
+// creation, deletion (and its start), a spec change.
+func claimsChanged() predicate.Predicate {
+	return predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	})
+}
+
+// mapClaimants maps a route to the other routes that render one of its
+// keys: when it goes away or renders other keys, the next claimant takes
+// the key over (for an update, both the old and the new object's keys are
+// mapped).
+func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconcile.Request {
+	rt, ok := o.(*v1alpha1.ModelRoute)
+	if !ok {
+		return nil
+	}
+	var out []reconcile.Request
+	seen := map[types.NamespacedName]bool{client.ObjectKeyFromObject(rt): true}
+	for _, v := range outputKeyValues(rt) {
+		for _, other := range r.routesBy(ctx, IndexRouteOutputKey, v) {
+			if k := client.ObjectKeyFromObject(&other); !seen[k] {
+				seen[k] = true
+				out = append(out, reconcile.Request{NamespacedName: k})
+			}
+		}
+	}
+	return out
 }
 
 // podChanged drops pod updates that change nothing discovery reads (the
@@ -199,7 +238,8 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 // referencing routes when it appears, disappears or its
 // allowed-route-namespaces annotation changes; otherwise only the routes
 // whose own keys changed (someone edited them, or the CART chart changed
-// the base config), so one route's write does not re-render its neighbours.
+// the base config) and the routes waiting on it (too large, a key held by
+// another), so one route's write does not re-render its neighbours.
 func (r *Reconciler) configMapHandler() handler.EventHandler {
 	all := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		for _, req := range requests(r.routesBy(ctx, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
@@ -221,6 +261,9 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 				return
 			}
 			ref := newCM.Namespace + "/" + newCM.Name
+			for _, key := range r.waiting.on(ref) {
+				q.Add(reconcile.Request{NamespacedName: key})
+			}
 			for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
 				key := client.ObjectKeyFromObject(&rt)
 				owned, known := r.owned.get(key)

@@ -24,11 +24,13 @@ type op struct {
 // re-rendered from the fresh content. changed maps key → new value (nil =
 // remove); current is the data the values were rendered from.
 //
-// A key that was absent is added without a test: JSON patch cannot test
-// absence, and only one route owns a key. When the ConfigMap has no data at
-// all, ok is false: the caller falls back to a resourceVersion-guarded merge
+// A key that was absent cannot be tested (JSON patch cannot test absence):
+// its addition tests the ConfigMap's resourceVersion instead, so two routes
+// claiming one new key cannot both add it (the second re-reads, and its
+// guard sees the first one's mark). When the ConfigMap has no data at all,
+// ok is false: the caller falls back to a resourceVersion-guarded merge
 // patch (creating /data must not race another writer creating it).
-func keyPatch(current map[string]string, changed map[string]*string) (patch []byte, ok bool, err error) {
+func keyPatch(resourceVersion string, current map[string]string, changed map[string]*string) (patch []byte, ok bool, err error) {
 	if current == nil {
 		return nil, false, nil
 	}
@@ -38,6 +40,13 @@ func keyPatch(current map[string]string, changed map[string]*string) (patch []by
 	}
 	slices.Sort(keys)
 	var ops []op
+	for _, k := range keys {
+		if _, had := current[k]; !had && changed[k] != nil {
+			rv := resourceVersion
+			ops = append(ops, op{Op: "test", Path: "/metadata/resourceVersion", Value: &rv})
+			break
+		}
+	}
 	for _, k := range keys {
 		path := "/data/" + jsonpointer.Escape(k) // RFC 6901: ~ → ~0, / → ~1
 		cur, had := current[k]

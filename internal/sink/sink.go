@@ -10,6 +10,12 @@
 // other, and an output rendered from the current content (the CART
 // config.yaml keeps the CART chart's base config) is re-rendered after a
 // concurrent change instead of overwriting it.
+//
+// Which keys a route may write or remove is the caller's decision (a
+// Guard: key ownership), made on the content the patch then tests, so the
+// decision and the write cannot be separated by another writer. A write
+// that would take the ConfigMap over the API server's size limit is not
+// sent (TooLarge, with the sizes).
 package sink
 
 import (
@@ -56,7 +62,26 @@ const (
 	// RenderFailed: an output could not be rendered from the current
 	// content (e.g. the CART base config is missing); nothing was written.
 	RenderFailed State = "RenderFailed"
+	// TooLarge: the write would take the ConfigMap over MaxSize; nothing
+	// was written (Err says by how much and names the largest keys).
+	TooLarge State = "TooLarge"
 )
+
+// MaxSize is the API server's limit on a ConfigMap's data: the sum of the
+// lengths of its values (data and binaryData), 1 MiB.
+const MaxSize = 1 << 20
+
+// Guard decides, on the ConfigMap's current content, whether the route may
+// write (Apply) or remove (Remove) key: nil allows it, an error blocks that
+// key alone (reported in Outcome.Blocked, nothing written to it). The
+// patch that follows tests the content the guard saw.
+type Guard func(cm *corev1.ConfigMap, key string) error
+
+// KeyError is one key a Guard blocked.
+type KeyError struct {
+	Key string
+	Err error
+}
 
 // Outcome is the result for one ConfigMap.
 type Outcome struct {
@@ -65,14 +90,20 @@ type Outcome struct {
 	State     State
 	// Keys are the route's keys in this ConfigMap (written or not).
 	Keys []string
-	// Err explains RenderFailed.
+	// Err explains RenderFailed and TooLarge.
 	Err error
+	// Blocked are the keys the Guard kept the route from writing or
+	// removing (the others were handled).
+	Blocked []KeyError
 }
 
 func (o Outcome) String() string {
 	s := fmt.Sprintf("%s %s", o.ConfigMap, o.State)
 	if o.Err != nil {
 		s += ": " + o.Err.Error()
+	}
+	for _, b := range o.Blocked {
+		s += fmt.Sprintf("; %s blocked: %v", b.Key, b.Err)
 	}
 	return s
 }
@@ -99,9 +130,9 @@ func Permitted(cm *corev1.ConfigMap, routeNS string) bool {
 }
 
 // Apply writes outputs (grouped by ConfigMap, in first-seen order) for a
-// route in routeNS. The error is for API failures worth a retry; per
-// ConfigMap states are in the outcomes.
-func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.Output) ([]Outcome, error) {
+// route in routeNS; guard (nil = allow all) decides per key. The error is
+// for API failures worth a retry; per ConfigMap states are in the outcomes.
+func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.Output, guard Guard) ([]Outcome, error) {
 	var order []string
 	byCM := map[string][]compiler.Output{}
 	for _, o := range outputs {
@@ -118,38 +149,46 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 		for i, o := range outs {
 			keys[i] = o.Key
 		}
-		st, rerr, err := w.update(ctx, cm, routeNS, func(data map[string]string) (map[string]*string, error) {
+		st, rerr, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (map[string]*string, []KeyError, error) {
 			changed := map[string]*string{}
+			var blocked []KeyError
 			for _, o := range outs {
-				cur, ok := data[o.Key]
+				if guard != nil {
+					if err := guard(c, o.Key); err != nil {
+						blocked = append(blocked, KeyError{o.Key, err})
+						continue
+					}
+				}
+				cur, ok := c.Data[o.Key]
 				var in []byte
 				if ok {
 					in = []byte(cur)
 				}
 				b, err := o.Render(in)
 				if err != nil {
-					return nil, fmt.Errorf("render %s: %w", o.Key, err)
+					return nil, blocked, fmt.Errorf("render %s: %w", o.Key, err)
 				}
 				if !ok || !bytes.Equal(b, in) {
 					s := string(b)
 					changed[o.Key] = &s
 				}
 			}
-			return changed, nil
+			return changed, blocked, nil
 		})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys, Err: rerr})
+		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys, Err: rerr, Blocked: blocked})
 	}
 	return res, errors.Join(errs...)
 }
 
 // Remove deletes keys (ConfigMap "ns/name" → keys) written by a route in
-// routeNS. A missing ConfigMap is fine (nothing to remove); a ConfigMap the
-// route may not write is left alone (it cannot hold the route's keys).
-func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]string) ([]Outcome, error) {
+// routeNS, each only if guard (nil = allow all) allows it on the current
+// content. A missing ConfigMap is fine (nothing to remove); a ConfigMap
+// the route may not write is left alone (it cannot hold the route's keys).
+func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error) {
 	cms := make([]string, 0, len(keys))
 	for cm := range keys {
 		cms = append(cms, cm)
@@ -159,20 +198,28 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 	var errs []error
 	for _, cm := range cms {
 		ks := keys[cm]
-		st, _, err := w.update(ctx, cm, routeNS, func(data map[string]string) (map[string]*string, error) {
+		st, _, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (map[string]*string, []KeyError, error) {
 			changed := map[string]*string{}
+			var blocked []KeyError
 			for _, k := range ks {
-				if _, ok := data[k]; ok {
-					changed[k] = nil
+				if _, ok := c.Data[k]; !ok {
+					continue
 				}
+				if guard != nil {
+					if err := guard(c, k); err != nil {
+						blocked = append(blocked, KeyError{k, err})
+						continue
+					}
+				}
+				changed[k] = nil
 			}
-			return changed, nil
+			return changed, blocked, nil
 		})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: ks})
+		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: ks, Blocked: blocked})
 	}
 	return res, errors.Join(errs...)
 }
@@ -182,22 +229,23 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 // (keyPatch). When the patch finds a key changed underneath (a failed JSON
 // patch test is 422 Invalid, a stale resourceVersion 409 Conflict), our read
 // was behind: it re-reads from the API server and re-renders, up to
-// maxAttempts times with conflictBackoff. The second result is a render
-// error (RenderFailed).
-func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(map[string]string) (map[string]*string, error)) (State, error, error) {
+// maxAttempts times with conflictBackoff. The second result is a render or
+// size error (RenderFailed, TooLarge), the third the keys change blocked.
+func (w *Writer) update(ctx context.Context, ref, routeNS string, change changeFunc) (State, error, []KeyError, error) {
 	ns, name, ok := strings.Cut(ref, "/")
 	if !ok {
-		return "", nil, fmt.Errorf("configmap reference %q is not ns/name", ref)
+		return "", nil, nil, fmt.Errorf("configmap reference %q is not ns/name", ref)
 	}
 	key := client.ObjectKey{Namespace: ns, Name: name}
 	var (
 		reader    client.Reader = w.Client
 		state     State
 		renderErr error
+		blocked   []KeyError
 		patchErr  error
 	)
 	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
-		state, renderErr, patchErr = w.tryUpdate(ctx, reader, key, routeNS, change)
+		state, renderErr, blocked, patchErr = w.tryUpdate(ctx, reader, key, routeNS, change)
 		if patchErr != nil && w.APIReader != nil && (apierrors.IsConflict(patchErr) || apierrors.IsInvalid(patchErr)) {
 			reader = w.APIReader // read the truth and redo
 			return false, nil
@@ -208,10 +256,14 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change func(ma
 		err = patchErr // attempts exhausted on a busy key: back to the workqueue
 	}
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return state, renderErr, nil
+	return state, renderErr, blocked, nil
 }
+
+// changeFunc returns, for a ConfigMap's current content, the keys to set
+// (non-nil) or delete (nil), and the keys the guard blocked.
+type changeFunc func(*corev1.ConfigMap) (map[string]*string, []KeyError, error)
 
 // conflictBackoff spaces the attempts of update on a busy key: 5-10ms
 // before the first retry, then doubling (jittered, at most 500ms).
@@ -219,33 +271,37 @@ var conflictBackoff = wait.Backoff{Steps: maxAttempts, Duration: 5 * time.Millis
 
 // tryUpdate is one attempt of update: read cm through reader, render,
 // patch. The error is a read error (wrapped) or the patch's own error.
-func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, change func(map[string]string) (map[string]*string, error)) (State, error, error) {
+func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, change changeFunc) (State, error, []KeyError, error) {
 	var cm corev1.ConfigMap
 	if err := reader.Get(ctx, key, &cm); err != nil {
 		if apierrors.IsNotFound(err) {
-			return Missing, nil, nil
+			return Missing, nil, nil, nil
 		}
-		return "", nil, fmt.Errorf("get configmap %s: %w", key, err)
+		return "", nil, nil, fmt.Errorf("get configmap %s: %w", key, err)
 	}
 	if !Permitted(&cm, routeNS) {
-		return NotPermitted, nil, nil
+		return NotPermitted, nil, nil, nil
 	}
-	changed, err := change(cm.Data)
+	changed, blocked, err := change(&cm)
 	if err != nil {
-		return RenderFailed, err, nil
+		return RenderFailed, err, blocked, nil
 	}
 	if len(changed) == 0 {
-		return Unchanged, nil, nil
+		return Unchanged, nil, blocked, nil
 	}
 	if reader != w.APIReader && w.APIReader != nil && addsAbsentKey(cm.Data, changed) {
-		// A key absent from the cache is added without a test (JSON
-		// patch cannot test absence), so a stale cache would mean a
-		// redundant write of content already there: read the truth
-		// first. This costs one GET, only when a key first appears.
+		// A key absent from the cache is added without a test of its
+		// value (JSON patch cannot test absence), so a stale cache would
+		// mean a redundant write, or one over a key another route has
+		// just claimed: read the truth first. This costs one GET, only
+		// when a key first appears.
 		return w.tryUpdate(ctx, w.APIReader, key, routeNS, change)
 	}
+	if size, grows := sizeAfter(&cm, changed); grows && size > MaxSize {
+		return TooLarge, tooLarge(key, &cm, changed, size), blocked, nil
+	}
 	var p client.Patch
-	b, ok, err := keyPatch(cm.Data, changed)
+	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, changed)
 	if err == nil && !ok {
 		b, err = mergePatch(cm.ResourceVersion, changed)
 		p = client.RawPatch(mergePatchType, b)
@@ -253,16 +309,85 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 		p = client.RawPatch(jsonPatch, b)
 	}
 	if err != nil {
-		return "", nil, err
+		return "", nil, blocked, err
 	}
 	switch err := w.Client.Patch(ctx, &cm, p); {
 	case err == nil:
-		return Written, nil, nil
+		return Written, nil, blocked, nil
 	case apierrors.IsNotFound(err):
-		return Missing, nil, nil
+		return Missing, nil, blocked, nil
 	default:
-		return "", nil, fmt.Errorf("patch configmap %s: %w", key, err)
+		return "", nil, blocked, fmt.Errorf("patch configmap %s: %w", key, err)
 	}
+}
+
+// sizeAfter is the ConfigMap's size (as the API server counts it: the
+// values of data and binaryData) after changed, and whether changed makes
+// it larger (a removal or a shrinking write is always let through).
+func sizeAfter(cm *corev1.ConfigMap, changed map[string]*string) (int, bool) {
+	size := 0
+	for _, v := range cm.Data {
+		size += len(v)
+	}
+	for _, v := range cm.BinaryData {
+		size += len(v)
+	}
+	before := size
+	for k, v := range changed {
+		size -= len(cm.Data[k])
+		if v != nil {
+			size += len(*v)
+		}
+	}
+	return size, size > before
+}
+
+// tooLarge explains a write refused by size, in the user's terms.
+func tooLarge(key client.ObjectKey, cm *corev1.ConfigMap, changed map[string]*string, size int) error {
+	type kv struct {
+		k string
+		n int
+	}
+	var all []kv
+	for k, v := range cm.Data {
+		if _, ok := changed[k]; !ok {
+			all = append(all, kv{k, len(v)})
+		}
+	}
+	for k, v := range cm.BinaryData {
+		all = append(all, kv{k, len(v)})
+	}
+	var mine []string
+	for k, v := range changed {
+		if v != nil {
+			all = append(all, kv{k, len(*v)})
+			mine = append(mine, fmt.Sprintf("%s (%s)", k, humanSize(len(*v))))
+		}
+	}
+	slices.Sort(mine)
+	slices.SortFunc(all, func(a, b kv) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return strings.Compare(a.k, b.k)
+	})
+	var top []string
+	for _, e := range all[:min(3, len(all))] {
+		top = append(top, fmt.Sprintf("%s (%s)", e.k, humanSize(e.n)))
+	}
+	return fmt.Errorf("ConfigMap %s would be %s with %s, over the %s limit of the API server; the largest keys are %s: remove keys or move routes to another ConfigMap",
+		key, humanSize(size), strings.Join(mine, ", "), humanSize(MaxSize), strings.Join(top, ", "))
+}
+
+// humanSize is n bytes as B, KiB or MiB (two decimals).
+func humanSize(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 // addsAbsentKey reports whether changed sets a key that current lacks.
@@ -273,4 +398,45 @@ func addsAbsentKey(current map[string]string, changed map[string]*string) bool {
 		}
 	}
 	return false
+}
+
+// Check reports, without writing, what Apply or Remove would find in each
+// ConfigMap of keys (ConfigMap "ns/name" → keys): Missing, NotPermitted,
+// or Unchanged with the keys guard (nil = allow all) blocks. It reads
+// through Client (normally the cache), for routes that have nothing to
+// write yet but should say everything in their way at once.
+func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error) {
+	cms := make([]string, 0, len(keys))
+	for cm := range keys {
+		cms = append(cms, cm)
+	}
+	slices.Sort(cms)
+	var res []Outcome
+	var errs []error
+	for _, ref := range cms {
+		ns, name, ok := strings.Cut(ref, "/")
+		if !ok {
+			errs = append(errs, fmt.Errorf("configmap reference %q is not ns/name", ref))
+			continue
+		}
+		o := Outcome{ConfigMap: ref, State: Unchanged, Keys: keys[ref]}
+		var cm corev1.ConfigMap
+		switch err := w.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm); {
+		case apierrors.IsNotFound(err):
+			o.State = Missing
+		case err != nil:
+			errs = append(errs, fmt.Errorf("get configmap %s: %w", ref, err))
+			continue
+		case !Permitted(&cm, routeNS):
+			o.State = NotPermitted
+		case guard != nil:
+			for _, k := range o.Keys {
+				if err := guard(&cm, k); err != nil {
+					o.Blocked = append(o.Blocked, KeyError{k, err})
+				}
+			}
+		}
+		res = append(res, o)
+	}
+	return res, errors.Join(errs...)
 }

@@ -93,7 +93,7 @@ func TestTwentyConcurrentWritersOneConfigMap(t *testing.T) {
 			c := &patchCounter{Client: k8s}
 			w := &Writer{Client: c, APIReader: k8s}
 			for round := range 3 {
-				res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, fmt.Sprintf("r%02d.conf", i), fmt.Sprintf("route %d round %d", i, round))})
+				res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, fmt.Sprintf("r%02d.conf", i), fmt.Sprintf("route %d round %d", i, round))}, nil)
 				if err != nil {
 					t.Errorf("writer %d: %v", i, err)
 					return
@@ -122,7 +122,7 @@ func TestTwentyConcurrentWritersOneConfigMap(t *testing.T) {
 	// Same content again: nothing written.
 	c := &patchCounter{Client: k8s}
 	w := &Writer{Client: c, APIReader: k8s}
-	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "r00.conf", "route 0 round 2")})
+	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "r00.conf", "route 0 round 2")}, nil)
 	if err != nil || res[0].State != Unchanged || c.n.Load() != 0 {
 		t.Fatalf("no-op: %v %v writes=%d", res, err, c.n.Load())
 	}
@@ -146,7 +146,7 @@ func TestRenderFromCurrentSurvivesConcurrentBaseChange(t *testing.T) {
 		return []byte(strings.SplitN(string(cur), "workers", 2)[0] + "workers: [a]\n"), nil
 	}
 	w := &Writer{Client: k8s, APIReader: k8s}
-	res, err := w.Apply(ctx, ns, []compiler.Output{{ConfigMap: ns + "/cm", Key: "config.yaml", Render: render}})
+	res, err := w.Apply(ctx, ns, []compiler.Output{{ConfigMap: ns + "/cm", Key: "config.yaml", Render: render}}, nil)
 	if err != nil || res[0].State != Written {
 		t.Fatalf("%v %v", res, err)
 	}
@@ -160,7 +160,7 @@ func TestMissingNotPermittedRemove(t *testing.T) {
 	w := &Writer{Client: k8s, APIReader: k8s}
 
 	ns := setup(t, nil, nil)
-	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "a.conf", "x")})
+	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "a.conf", "x")}, nil)
 	if err != nil || res[0].State != Missing {
 		t.Fatalf("missing: %v %v", res, err)
 	}
@@ -169,15 +169,15 @@ func TestMissingNotPermittedRemove(t *testing.T) {
 	}
 
 	other := setup(t, map[string]string{"x": "y"}, map[string]string{AllowedNamespacesAnnotation: "a, b"})
-	res, err = w.Apply(ctx, "c", []compiler.Output{out(other, "a.conf", "x")})
+	res, err = w.Apply(ctx, "c", []compiler.Output{out(other, "a.conf", "x")}, nil)
 	if err != nil || res[0].State != NotPermitted || len(get(t, other).Data) != 1 {
 		t.Fatalf("not permitted: %v %v", res, err)
 	}
-	res, err = w.Apply(ctx, "b", []compiler.Output{out(other, "a.conf", "x"), out(other, "b.conf", "y")})
+	res, err = w.Apply(ctx, "b", []compiler.Output{out(other, "a.conf", "x"), out(other, "b.conf", "y")}, nil)
 	if err != nil || res[0].State != Written || len(get(t, other).Data) != 3 {
 		t.Fatalf("permitted: %v %v", res, err)
 	}
-	res, err = w.Remove(ctx, "b", map[string][]string{other + "/cm": {"a.conf", "gone.conf"}, ns + "/cm": {"a.conf"}})
+	res, err = w.Remove(ctx, "b", map[string][]string{other + "/cm": {"a.conf", "gone.conf"}, ns + "/cm": {"a.conf"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

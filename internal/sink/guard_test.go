@@ -1,0 +1,127 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/modelsphere/autoconfig/compiler"
+)
+
+// ownedBy is a Guard for tests: a key may be written when it is absent or
+// its value starts with "owner=<me>".
+func ownedBy(me string) Guard {
+	return func(cm *corev1.ConfigMap, key string) error {
+		v, ok := cm.Data[key]
+		if !ok || strings.HasPrefix(v, "owner="+me+"\n") {
+			return nil
+		}
+		return fmt.Errorf("owned by someone else: %q", v)
+	}
+}
+
+// TestGuardBlocksOneKey: a blocked key is reported and untouched, the
+// route's other key in the same ConfigMap is written; Remove honours the
+// guard the same way.
+func TestGuardBlocksOneKey(t *testing.T) {
+	ns := setup(t, map[string]string{"theirs.conf": "hand-written"}, nil)
+	ctx := context.Background()
+	w := &Writer{Client: k8s, APIReader: k8s}
+	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "theirs.conf", "owner=a\nx"), out(ns, "mine.conf", "owner=a\ny")}, ownedBy("a"))
+	if err != nil || len(res) != 1 || res[0].State != Written || len(res[0].Blocked) != 1 || res[0].Blocked[0].Key != "theirs.conf" {
+		t.Fatalf("apply: %v %v", res, err)
+	}
+	d := get(t, ns).Data
+	if d["theirs.conf"] != "hand-written" || d["mine.conf"] != "owner=a\ny" {
+		t.Fatalf("data: %v", d)
+	}
+	res, err = w.Remove(ctx, ns, map[string][]string{ns + "/cm": {"theirs.conf", "mine.conf"}}, ownedBy("a"))
+	if err != nil || len(res[0].Blocked) != 1 {
+		t.Fatalf("remove: %v %v", res, err)
+	}
+	if d := get(t, ns).Data; len(d) != 1 || d["theirs.conf"] != "hand-written" {
+		t.Fatalf("after remove: %v", d)
+	}
+}
+
+// TestRacingClaimsOfOneNewKey: ten writers with their own guards add the
+// same absent key at once. The resourceVersion test of an added key lets
+// exactly one add it; every other one re-reads and is blocked by its guard.
+// Without the test, JSON patch adds without any check and several win in
+// turn (the last one's content stays).
+func TestRacingClaimsOfOneNewKey(t *testing.T) {
+	for round := range 5 {
+		ns := setup(t, map[string]string{"other": "x"}, nil)
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		written, blocked := 0, 0
+		start := make(chan struct{})
+		for i := range 10 {
+			wg.Go(func() {
+				w := &Writer{Client: k8s, APIReader: k8s}
+				me := fmt.Sprint(i)
+				<-start
+				res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "shared.conf", "owner="+me+"\n")}, ownedBy(me))
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("writer %d: %v", i, err)
+					return
+				}
+				if res[0].State == Written {
+					written++
+				}
+				blocked += len(res[0].Blocked)
+			})
+		}
+		close(start)
+		wg.Wait()
+		if written != 1 || blocked != 9 {
+			t.Fatalf("round %d: %d writers wrote the new key, %d were blocked; want 1 and 9", round, written, blocked)
+		}
+	}
+}
+
+// TestTooLarge: a write that would take the ConfigMap over 1 MiB is not
+// sent; the error gives the size and the largest keys. A removal is
+// never refused, and the write succeeds once space is freed.
+func TestTooLarge(t *testing.T) {
+	big := strings.Repeat("b", 900<<10)
+	ns := setup(t, map[string]string{"big.conf": big, "small.conf": "s"}, nil)
+	ctx := context.Background()
+	w := &Writer{Client: k8s, APIReader: k8s}
+	route := strings.Repeat("r", 200<<10)
+	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "route.conf", route)}, nil)
+	if err != nil || res[0].State != TooLarge {
+		t.Fatalf("apply: %v %v", res, err)
+	}
+	msg := res[0].Err.Error()
+	for _, want := range []string{ns + "/cm would be 1.07 MiB", "route.conf (200.0 KiB)", "over the 1.00 MiB limit", "largest keys are big.conf (900.0 KiB), route.conf (200.0 KiB), small.conf (1 B)"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	if _, ok := get(t, ns).Data["route.conf"]; ok {
+		t.Fatal("written anyway")
+	}
+	// The API server's own limit is the same: sending it would fail.
+	cm := get(t, ns)
+	cm.Data["route.conf"] = route
+	if err := k8s.Update(ctx, cm); err == nil || !strings.Contains(err.Error(), "Too long") {
+		t.Fatalf("API server accepted %d bytes: %v", len(big)+len(route)+1, err)
+	}
+	res, err = w.Remove(ctx, ns, map[string][]string{ns + "/cm": {"big.conf"}}, nil)
+	if err != nil || res[0].State != Written {
+		t.Fatalf("remove: %v %v", res, err)
+	}
+	res, err = w.Apply(ctx, ns, []compiler.Output{out(ns, "route.conf", route)}, nil)
+	if err != nil || res[0].State != Written {
+		t.Fatalf("after freeing: %v %v", res, errors.Join(err, res[0].Err))
+	}
+}
