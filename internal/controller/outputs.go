@@ -26,6 +26,7 @@ import (
 // records what it holds and what is in its way.
 func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	key := client.ObjectKeyFromObject(st.route)
+	guard := r.writeGuard(ctx, st.route) // before status.outputs changes below
 	now := map[string][]string{}
 	for _, o := range st.result.Outputs {
 		now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
@@ -43,7 +44,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	r.owned.set(key, pending)
 	st.route.Status.Outputs = statusOutputs(unionKeys(ownedFromStatus(st.route.Status.Outputs), now))
 
-	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs, r.writeGuard(ctx, st.route))
+	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs, guard)
 	if err != nil {
 		return fmt.Errorf("write outputs: %w", err)
 	}

@@ -81,6 +81,9 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		Conditions: []metav1.Condition{{
 			Type: "Ready", Status: metav1.ConditionTrue, Reason: "Written",
 			Message: "outputs written", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
+		}, {
+			Type: "Degraded", Status: metav1.ConditionTrue, Reason: "TierSkipped",
+			Message: "spec.nginx.peers[0] (use: cart) skipped", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
 		}},
 		Outputs: []v1alpha1.OutputKeys{{ConfigMap: "gw/routes", Keys: []string{"session_route_a.conf"}}},
 	}
@@ -98,24 +101,24 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 	gs := list.Items[0].Status
 	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers || !reflect.DeepEqual(gs.BackendEndpoints, wantStatus.BackendEndpoints) ||
 		!reflect.DeepEqual(gs.Outputs, wantStatus.Outputs) ||
-		len(gs.Conditions) != 1 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
+		len(gs.Conditions) != 2 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
 		t.Errorf("stored status differs: %+v", gs)
 	}
 
-	// kubectl get mr: NAME BACKENDS CART READY AGE.
+	// kubectl get mr: NAME BACKENDS CART READY DEGRADED AGE.
 	table := getTable(ctx, t, cfg, "/apis/"+v1alpha1.Group+"/"+v1alpha1.Version+"/namespaces/"+mr.Namespace+"/modelroutes")
 	var cols []string
 	for _, c := range table.ColumnDefinitions {
 		cols = append(cols, c.Name)
 	}
-	if want := []string{"Name", "Backends", "Cart", "Ready", "Age"}; !reflect.DeepEqual(cols, want) {
+	if want := []string{"Name", "Backends", "Cart", "Ready", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
 		t.Errorf("printer columns %q, want %q", cols, want)
 	}
 	if len(table.Rows) != 1 {
 		t.Fatalf("table rows: %d, want 1", len(table.Rows))
 	}
-	cells := fmt.Sprint(table.Rows[0].Cells[:4])
-	if want := "[qwen 3 2 True]"; cells != want {
+	cells := fmt.Sprint(table.Rows[0].Cells[:5])
+	if want := "[qwen 3 2 True TierSkipped]"; cells != want {
 		t.Errorf("row cells %s, want %s", cells, want)
 	}
 }
