@@ -25,12 +25,13 @@ type op struct {
 // remove); current is the data the values were rendered from.
 //
 // A key that was absent cannot be tested (JSON patch cannot test absence):
-// its addition tests the ConfigMap's resourceVersion instead, so two routes
-// claiming one new key cannot both add it (the second re-reads, and its
-// guard sees the first one's mark). When the ConfigMap has no data at all,
-// ok is false: the caller falls back to a resourceVersion-guarded merge
-// patch (creating /data must not race another writer creating it).
-func keyPatch(resourceVersion string, current map[string]string, changed map[string]*string) (patch []byte, ok bool, err error) {
+// it is added without a test, unless it is in exclusive (other routes
+// claim it too); then the patch tests the ConfigMap's resourceVersion, so
+// two routes claiming one new key cannot both add it (the second re-reads,
+// and its guard sees the first one's mark). When the ConfigMap has no data
+// at all, ok is false: the caller falls back to a resourceVersion-guarded
+// merge patch (creating /data must not race another writer creating it).
+func keyPatch(resourceVersion string, current map[string]string, changed map[string]*string, exclusive []string) (patch []byte, ok bool, err error) {
 	if current == nil {
 		return nil, false, nil
 	}
@@ -41,7 +42,7 @@ func keyPatch(resourceVersion string, current map[string]string, changed map[str
 	slices.Sort(keys)
 	var ops []op
 	for _, k := range keys {
-		if _, had := current[k]; !had && changed[k] != nil {
+		if _, had := current[k]; !had && changed[k] != nil && slices.Contains(exclusive, k) {
 			rv := resourceVersion
 			ops = append(ops, op{Op: "test", Path: "/metadata/resourceVersion", Value: &rv})
 			break

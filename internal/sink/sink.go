@@ -72,10 +72,15 @@ const (
 const MaxSize = 1 << 20
 
 // Guard decides, on the ConfigMap's current content, whether the route may
-// write (Apply) or remove (Remove) key: nil allows it, an error blocks that
-// key alone (reported in Outcome.Blocked, nothing written to it). The
-// patch that follows tests the content the guard saw.
-type Guard func(cm *corev1.ConfigMap, key string) error
+// write (Apply) or remove (Remove) key: a nil error allows it, an error
+// blocks that key alone (reported in Outcome.Blocked, nothing written to
+// it). The patch that follows tests the value the guard saw. A key that is
+// absent has no value to test: exclusive asks that its addition test the
+// ConfigMap's resourceVersion instead (other routes claim the key too, so
+// none may add it over another's unseen addition). Uncontended additions
+// go without it, so routes adding their own keys to one ConfigMap at once
+// do not conflict.
+type Guard func(cm *corev1.ConfigMap, key string) (exclusive bool, err error)
 
 // KeyError is one key a Guard blocked.
 type KeyError struct {
@@ -149,14 +154,17 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 		for i, o := range outs {
 			keys[i] = o.Key
 		}
-		st, rerr, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (map[string]*string, []KeyError, error) {
-			changed := map[string]*string{}
-			var blocked []KeyError
+		st, rerr, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (change, error) {
+			ch := change{set: map[string]*string{}}
 			for _, o := range outs {
 				if guard != nil {
-					if err := guard(c, o.Key); err != nil {
-						blocked = append(blocked, KeyError{o.Key, err})
+					excl, err := guard(c, o.Key)
+					if err != nil {
+						ch.blocked = append(ch.blocked, KeyError{o.Key, err})
 						continue
+					}
+					if excl {
+						ch.exclusive = append(ch.exclusive, o.Key)
 					}
 				}
 				cur, ok := c.Data[o.Key]
@@ -166,14 +174,14 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 				}
 				b, err := o.Render(in)
 				if err != nil {
-					return nil, blocked, fmt.Errorf("render %s: %w", o.Key, err)
+					return ch, fmt.Errorf("render %s: %w", o.Key, err)
 				}
 				if !ok || !bytes.Equal(b, in) {
 					s := string(b)
-					changed[o.Key] = &s
+					ch.set[o.Key] = &s
 				}
 			}
-			return changed, blocked, nil
+			return ch, nil
 		})
 		if err != nil {
 			errs = append(errs, err)
@@ -198,22 +206,21 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 	var errs []error
 	for _, cm := range cms {
 		ks := keys[cm]
-		st, _, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (map[string]*string, []KeyError, error) {
-			changed := map[string]*string{}
-			var blocked []KeyError
+		st, _, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (change, error) {
+			ch := change{set: map[string]*string{}}
 			for _, k := range ks {
 				if _, ok := c.Data[k]; !ok {
 					continue
 				}
 				if guard != nil {
-					if err := guard(c, k); err != nil {
-						blocked = append(blocked, KeyError{k, err})
+					if _, err := guard(c, k); err != nil {
+						ch.blocked = append(ch.blocked, KeyError{k, err})
 						continue
 					}
 				}
-				changed[k] = nil
+				ch.set[k] = nil
 			}
-			return changed, blocked, nil
+			return ch, nil
 		})
 		if err != nil {
 			errs = append(errs, err)
@@ -261,9 +268,18 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change changeF
 	return state, renderErr, blocked, nil
 }
 
-// changeFunc returns, for a ConfigMap's current content, the keys to set
-// (non-nil) or delete (nil), and the keys the guard blocked.
-type changeFunc func(*corev1.ConfigMap) (map[string]*string, []KeyError, error)
+// change is what a changeFunc decided for one ConfigMap.
+type change struct {
+	// set: the keys to set (non-nil) or delete (nil).
+	set map[string]*string
+	// blocked: the keys the guard blocked.
+	blocked []KeyError
+	// exclusive: keys that, when absent, must be added exclusively.
+	exclusive []string
+}
+
+// changeFunc decides, for a ConfigMap's current content, what to change.
+type changeFunc func(*corev1.ConfigMap) (change, error)
 
 // conflictBackoff spaces the attempts of update on a busy key: 5-10ms
 // before the first retry, then doubling (jittered, at most 500ms).
@@ -271,7 +287,7 @@ var conflictBackoff = wait.Backoff{Steps: maxAttempts, Duration: 5 * time.Millis
 
 // tryUpdate is one attempt of update: read cm through reader, render,
 // patch. The error is a read error (wrapped) or the patch's own error.
-func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, change changeFunc) (State, error, []KeyError, error) {
+func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, decide changeFunc) (State, error, []KeyError, error) {
 	var cm corev1.ConfigMap
 	if err := reader.Get(ctx, key, &cm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -282,7 +298,8 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 	if !Permitted(&cm, routeNS) {
 		return NotPermitted, nil, nil, nil
 	}
-	changed, blocked, err := change(&cm)
+	ch, err := decide(&cm)
+	changed, blocked := ch.set, ch.blocked
 	if err != nil {
 		return RenderFailed, err, blocked, nil
 	}
@@ -295,13 +312,13 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 		// mean a redundant write, or one over a key another route has
 		// just claimed: read the truth first. This costs one GET, only
 		// when a key first appears.
-		return w.tryUpdate(ctx, w.APIReader, key, routeNS, change)
+		return w.tryUpdate(ctx, w.APIReader, key, routeNS, decide)
 	}
 	if size, grows := sizeAfter(&cm, changed); grows && size > MaxSize {
 		return TooLarge, tooLarge(key, &cm, changed, size), blocked, nil
 	}
 	var p client.Patch
-	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, changed)
+	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, changed, ch.exclusive)
 	if err == nil && !ok {
 		b, err = mergePatch(cm.ResourceVersion, changed)
 		p = client.RawPatch(mergePatchType, b)
@@ -431,7 +448,7 @@ func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]st
 			o.State = NotPermitted
 		case guard != nil:
 			for _, k := range o.Keys {
-				if err := guard(&cm, k); err != nil {
+				if _, err := guard(&cm, k); err != nil {
 					o.Blocked = append(o.Blocked, KeyError{k, err})
 				}
 			}
