@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -150,8 +151,14 @@ func startManager(t testing.TB, namespaces ...string) *harness {
 // newHarness starts a manager that runs until stop is called.
 func newHarness(t testing.TB, namespaces ...string) *harness {
 	t.Helper()
+	return newHarnessAs(t, testCfg, namespaces...)
+}
+
+// newHarnessAs is newHarness with the manager's credentials in cfg.
+func newHarnessAs(t testing.TB, cfg *rest.Config, namespaces ...string) *harness {
+	t.Helper()
 	skip := true
-	mgr, err := ctrl.NewManager(testCfg, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 testScheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

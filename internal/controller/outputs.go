@@ -113,7 +113,7 @@ func heldKeys(outcomes []sink.Outcome) map[string][]string {
 // which ConfigMaps the route waits on; written reports whether any output
 // holds the current render.
 func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (written bool) {
-	var missing, forbidden, failed, tooLarge, conflicts, foreign, waitOn []string
+	var missing, forbidden, failed, tooLarge, conflicts, foreign, waitOn, rbac []string
 	for _, o := range outcomes {
 		c, f := keyProblems(o.Blocked)
 		conflicts, foreign = append(conflicts, c...), append(foreign, f...)
@@ -129,6 +129,11 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 			forbidden = append(forbidden, o.ConfigMap)
 		case sink.RenderFailed:
 			failed = append(failed, o.String())
+		case sink.Forbidden:
+			ns, _, _ := strings.Cut(o.ConfigMap, "/")
+			rbac = append(rbac, fmt.Sprintf(
+				"the API server does not let the controller write ConfigMap %s (%v): grant its service account get and patch on configmaps in namespace %s (the Helm chart does for the namespaces in watchNamespaces, or cluster-wide when that is empty)",
+				o.ConfigMap, o.Err, ns))
 		case sink.TooLarge:
 			tooLarge = append(tooLarge, o.Err.Error())
 			waitOn = append(waitOn, o.ConfigMap)
@@ -144,6 +149,9 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 		st.block(ReasonOutputConfigMapMissing, fmt.Sprintf(
 			"ConfigMap %s does not exist; autoconfig never creates ConfigMaps (the consumer's chart does) and writes as soon as it appears",
 			strings.Join(missing, ", ")), false)
+	}
+	for _, m := range rbac {
+		st.block(ReasonOutputForbidden, m, false)
 	}
 	for _, m := range conflicts {
 		st.block(ReasonOutputConflict, m, false)

@@ -62,6 +62,9 @@ const (
 	ReasonOutputKeyForeign = "OutputKeyForeign"
 	// ReasonOutputTooLarge: the write would take a ConfigMap over 1 MiB.
 	ReasonOutputTooLarge = "OutputTooLarge"
+	// ReasonOutputForbidden: the API server refused the controller's
+	// read or write of an output ConfigMap (RBAC).
+	ReasonOutputForbidden = "OutputForbidden"
 	// ReasonTierSkipped (condition Degraded): a spec.nginx.peers entry
 	// renders no tier (e.g. the CART Service is missing or headless).
 	ReasonTierSkipped = "TierSkipped"
@@ -79,7 +82,7 @@ type problem struct {
 // the others first.
 var precedence = []string{
 	ReasonNamespaceNotWatched, ReasonServiceNotFound, ReasonPortNotDerivable, ReasonNoBackends,
-	ReasonCompileFailed, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputConflict,
+	ReasonCompileFailed, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputForbidden, ReasonOutputConflict,
 	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonRenderFailed,
 }
 

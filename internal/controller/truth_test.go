@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -152,4 +154,60 @@ func TestAllProblemsAtOnce(t *testing.T) {
 	cm.Annotations = map[string]string{sink.AllowedNamespacesAnnotation: ns}
 	must(t, k8s.Update(context.Background(), cm))
 	waitCondition(t, ns, "m", metav1.ConditionTrue, ReasonReconciled)
+}
+
+// TestOutputForbidden: with an identity whose RBAC lets it read every
+// ConfigMap but patch them only in one namespace, the route whose
+// ConfigMap is elsewhere is Ready=False OutputForbidden (not Retrying),
+// saying what to grant; once granted, the next event writes it.
+func TestOutputForbidden(t *testing.T) {
+	ok, denied := namespace(t, "rbac-ok"), namespace(t, "rbac-denied")
+	ctx := context.Background()
+	user := "autoconfig-" + denied
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{v1alpha1.Group}, Resources: []string{"modelroutes", "modelroutes/status"}, Verbs: []string{"patch", "update"}},
+		{APIGroups: []string{"events.k8s.io", ""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+	}
+	must(t, k8s.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: rules}))
+	must(t, k8s.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: user, APIGroup: rbacv1.GroupName}},
+	}))
+	grant := func(ns string) {
+		must(t, k8s.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "patch-cm"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"patch"}}},
+		}))
+		must(t, k8s.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "patch-cm"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "patch-cm"},
+			Subjects:   []rbacv1.Subject{{Kind: "User", Name: user, APIGroup: rbacv1.GroupName}},
+		}))
+	}
+	grant(ok)
+	cfg := rest.CopyConfig(testCfg)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	h := newHarnessAs(t, cfg)
+	t.Cleanup(h.stop)
+	for _, ns := range []string{ok, denied} {
+		configMap(t, ns, "routes", map[string]string{}, nil)
+		service(t, ns, "m", 8000)
+		endpointSlice(t, ns, "m-1", "m", v4, 8000, up("10.39.0.1"))
+		createRoute(t, newRoute(ns, "m", "m"))
+	}
+	waitCondition(t, ok, "m", metav1.ConditionTrue, ReasonReconciled)
+	r := waitCondition(t, denied, "m", metav1.ConditionFalse, ReasonOutputForbidden)
+	msg := findCond(r, TypeReady).Message
+	for _, want := range []string{"does not let the controller write ConfigMap " + denied + "/routes", `cannot patch resource "configmaps"`, "in namespace " + denied} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message lacks %q: %s", want, msg)
+		}
+	}
+	waitEvent(t, denied, "m", ReasonOutputForbidden)
+	grant(denied)
+	updateRoute(t, denied, "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Values = map[string]string{"default_max": "5"} })
+	waitCondition(t, denied, "m", metav1.ConditionTrue, ReasonReconciled)
+	waitKey(t, denied, "routes", routeKey("m"), []string{host("10.39.0.1")}, nil)
 }

@@ -7,8 +7,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
 )
@@ -123,5 +128,49 @@ func TestTooLarge(t *testing.T) {
 	res, err = w.Apply(ctx, ns, []compiler.Output{out(ns, "route.conf", route)}, nil)
 	if err != nil || res[0].State != Written {
 		t.Fatalf("after freeing: %v %v", res, errors.Join(err, res[0].Err))
+	}
+}
+
+// TestForbidden: an identity that may read but not patch ConfigMaps (RBAC
+// on the real API server) gets Forbidden with the API's words, not an
+// error to retry.
+func TestForbidden(t *testing.T) {
+	ns := setup(t, map[string]string{"x": "y"}, nil)
+	ctx := context.Background()
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-cm"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "read-cm"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "read-cm"},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: "reader", APIGroup: "rbac.authorization.k8s.io"}},
+	}
+	for _, o := range []client.Object{role, binding} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := rest.CopyConfig(testCfg)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "reader"}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Writer{Client: c, APIReader: c}
+	var res []Outcome
+	// RBAC may take a moment to see the new binding: a read must work first.
+	for range 100 {
+		if err = c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cm"}, &corev1.ConfigMap{}); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("reader cannot read: %v", err)
+	}
+	res, err = w.Apply(ctx, ns, []compiler.Output{out(ns, "a.conf", "x")}, nil)
+	if err != nil || res[0].State != Forbidden || !strings.Contains(res[0].Err.Error(), `User "reader" cannot patch resource "configmaps"`) {
+		t.Fatalf("%v %v", res, err)
 	}
 }

@@ -65,6 +65,9 @@ const (
 	// TooLarge: the write would take the ConfigMap over MaxSize; nothing
 	// was written (Err says by how much and names the largest keys).
 	TooLarge State = "TooLarge"
+	// Forbidden: the API server refused the write for the controller's
+	// identity (RBAC); nothing was written (Err has the API's words).
+	Forbidden State = "Forbidden"
 )
 
 // MaxSize is the API server's limit on a ConfigMap's data: the sum of the
@@ -95,7 +98,7 @@ type Outcome struct {
 	State     State
 	// Keys are the route's keys in this ConfigMap (written or not).
 	Keys []string
-	// Err explains RenderFailed and TooLarge.
+	// Err explains RenderFailed, TooLarge and Forbidden.
 	Err error
 	// Blocked are the keys the Guard kept the route from writing or
 	// removing (the others were handled).
@@ -290,8 +293,11 @@ var conflictBackoff = wait.Backoff{Steps: maxAttempts, Duration: 5 * time.Millis
 func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, decide changeFunc) (State, error, []KeyError, error) {
 	var cm corev1.ConfigMap
 	if err := reader.Get(ctx, key, &cm); err != nil {
-		if apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
 			return Missing, nil, nil, nil
+		case apierrors.IsForbidden(err):
+			return Forbidden, err, nil, nil
 		}
 		return "", nil, nil, fmt.Errorf("get configmap %s: %w", key, err)
 	}
@@ -333,6 +339,8 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 		return Written, nil, blocked, nil
 	case apierrors.IsNotFound(err):
 		return Missing, nil, blocked, nil
+	case apierrors.IsForbidden(err):
+		return Forbidden, err, blocked, nil
 	default:
 		return "", nil, blocked, fmt.Errorf("patch configmap %s: %w", key, err)
 	}
@@ -441,6 +449,8 @@ func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]st
 		switch err := w.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm); {
 		case apierrors.IsNotFound(err):
 			o.State = Missing
+		case apierrors.IsForbidden(err):
+			o.State, o.Err = Forbidden, err
 		case err != nil:
 			errs = append(errs, fmt.Errorf("get configmap %s: %w", ref, err))
 			continue

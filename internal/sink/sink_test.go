@@ -12,13 +12,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
-var k8s client.Client
+var (
+	k8s     client.Client
+	testCfg *rest.Config
+)
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
@@ -29,6 +33,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer stop()
+	testCfg = cfg
 	if k8s, err = client.New(cfg, client.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
