@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -200,14 +201,9 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 // content. A missing ConfigMap is fine (nothing to remove); a ConfigMap
 // the route may not write is left alone (it cannot hold the route's keys).
 func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error) {
-	cms := make([]string, 0, len(keys))
-	for cm := range keys {
-		cms = append(cms, cm)
-	}
-	slices.Sort(cms)
 	var res []Outcome
 	var errs []error
-	for _, cm := range cms {
+	for _, cm := range slices.Sorted(maps.Keys(keys)) {
 		ks := keys[cm]
 		st, _, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (change, error) {
 			ch := change{set: map[string]*string{}}
@@ -431,14 +427,9 @@ func addsAbsentKey(current map[string]string, changed map[string]*string) bool {
 // through Client (normally the cache), for routes that have nothing to
 // write yet but should say everything in their way at once.
 func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error) {
-	cms := make([]string, 0, len(keys))
-	for cm := range keys {
-		cms = append(cms, cm)
-	}
-	slices.Sort(cms)
 	var res []Outcome
 	var errs []error
-	for _, ref := range cms {
+	for _, ref := range slices.Sorted(maps.Keys(keys)) {
 		ns, name, ok := strings.Cut(ref, "/")
 		if !ok {
 			errs = append(errs, fmt.Errorf("configmap reference %q is not ns/name", ref))
