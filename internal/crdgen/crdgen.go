@@ -42,6 +42,8 @@ const (
 	// appear once, so CUE never accepts more. Stating it lets the CEL cost
 	// estimator bound the rules that iterate peers.
 	maxPeers = 3
+	// maxValues bounds spec.nginx.values (the schema's "at most 64 keys").
+	maxValues = 64
 )
 
 // header starts the generated file.
@@ -122,6 +124,12 @@ func Generate() (*Result, error) {
 	n := int64(maxPeers)
 	if !mutate(&top, "spec.nginx.peers", func(p *apiextv1.JSONSchemaProps) { p.MaxItems = &n }) {
 		return nil, fmt.Errorf("spec.nginx.peers is not in the schema")
+	}
+	// The rule "at most 64 keys" above, also as maxProperties: the CEL
+	// cost estimator then knows the map's size.
+	nv := int64(maxValues)
+	if !mutate(&top, "spec.nginx.values", func(p *apiextv1.JSONSchemaProps) { p.MaxProperties = &nv }) {
+		return nil, fmt.Errorf("spec.nginx.values is not in the schema")
 	}
 
 	crd := &apiextv1.CustomResourceDefinition{

@@ -29,6 +29,7 @@ const (
 const (
 	msgRouteCharset   = "route must use only a-z, 0-9, '.', '_' and '-' (it defaults to metadata.name and names the socket, the conf file and the /<route>/ path); set spec.nginx.route to such a name"
 	msgRouteLength    = "route is longer than 63 characters (it defaults to metadata.name); set a shorter spec.nginx.route"
+	msgRouteDots      = "route cannot be '.' or '..': nginx resolves them out of the /<route>/ path, so no request would reach the route; set another spec.nginx.route"
 	msgNoPeers        = "peers needs at least one peer, e.g. - {use: backend, priority: 2}"
 	msgModel          = "model must be a served model name: letters, digits, '.', '_', '-', '/' (at most 200; it defaults to metadata.name)"
 	msgBoth           = "set only one of service or selector: service (EndpointSlice discovery, recommended) or selector (pods by label)"
@@ -44,14 +45,15 @@ const (
 	msgSLOTPS         = "spec.slo.decodeTokensPerSecond and spec.nginx.values.tps_limit_tps both set the engine option tps_limit_tps; keep one: remove the value (spec.slo.decodeTokensPerSecond renders it) or remove spec.slo.decodeTokensPerSecond"
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
+	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
 	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1g (from 8k to 16g; it sizes the route's lua shared dict)"
 )
 
 // copiedMessages lists the hand-copied messages for TestRulesFollowCUE.
 var copiedMessages = []string{
-	msgRouteCharset, msgRouteLength, msgNoPeers, msgModel, msgBoth, msgNeither,
+	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
-	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
@@ -97,12 +99,16 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 		"spec.nginx": {
 			rule(`!has(self.route) || self.route.matches(`+celString(routeRE)+`)`, msgRouteCharset, ".route"),
 			rule(`!has(self.route) || self.route.size() <= 63`, msgRouteLength, ".route"),
+			rule(`!has(self.route) || (self.route != "." && self.route != "..")`, msgRouteDots, ".route"),
 		},
 		// One rule per use value, not a nested loop with a computed
 		// message: the CEL cost estimator rejects the latter.
 		"spec.nginx.peers": append([]apiextv1.ValidationRule{rule(`self.size() >= 1`, msgNoPeers, "")}, useOnce()...),
 		"spec.nginx.peers[]": {
 			rule(`self.use == "cart" || !has(self.maxConcurrencyFromBackend) || !self.maxConcurrencyFromBackend`, msgFromBackendUse, ".maxConcurrencyFromBackend"),
+		},
+		"spec.nginx.values": {
+			rule(`self.size() <= 64`, msgValuesCount, ""),
 		},
 		"spec.monitor": {
 			rule(`!has(self.model) || self.model.matches(`+celString(modelRE)+`)`, msgModel, ".model"),
