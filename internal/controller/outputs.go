@@ -27,6 +27,7 @@ import (
 func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	key := client.ObjectKeyFromObject(st.route)
 	guard := r.writeGuard(ctx, st.route) // before status.outputs changes below
+	st.result.Outputs = r.dropUnsafeMonitor(ctx, st, st.result.Outputs)
 	now := map[string][]string{}
 	for _, o := range st.result.Outputs {
 		now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
@@ -79,6 +80,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 // reported at once. ConfigMaps in unwatched namespaces are skipped (they
 // are reported already).
 func (r *Reconciler) checkOutputs(ctx context.Context, st *state, unwatched map[string]bool) error {
+	r.dropUnsafeMonitor(ctx, st, nil) // only its problem: nothing is written here
 	keys := map[string][]string{}
 	for _, k := range compiler.OutputKeys(compilerRoute(st.route)) {
 		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !unwatched[ns] {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -37,15 +38,66 @@ const AdoptForeignKeysAnnotation = "routing.modelsphere.dev/adopt-foreign-keys"
 // "ns/configmap|key" (compiler.OutputKeys): the routes claiming one key.
 const IndexRouteOutputKey = "route.routing.modelsphere.dev/output-key"
 
-// SetupOwnershipIndex registers IndexRouteOutputKey.
+// IndexRouteMonitorConfigMap indexes ModelRoutes by their monitor output
+// ConfigMap (ns/name): the routes to re-check when a route starts or stops
+// writing nginx files into a ConfigMap.
+const IndexRouteMonitorConfigMap = "route.routing.modelsphere.dev/monitor-configmap"
+
+// SetupOwnershipIndex registers IndexRouteOutputKey and
+// IndexRouteMonitorConfigMap.
 func SetupOwnershipIndex(ctx context.Context, idx client.FieldIndexer) error {
-	return idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteOutputKey, func(o client.Object) []string {
+	err := idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteOutputKey, func(o client.Object) []string {
 		rt, ok := o.(*v1alpha1.ModelRoute)
 		if !ok {
 			return nil
 		}
 		return outputKeyValues(rt)
 	})
+	if err != nil {
+		return err
+	}
+	return idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteMonitorConfigMap, func(o client.Object) []string {
+		rt, ok := o.(*v1alpha1.ModelRoute)
+		if !ok || rt.Spec.Monitor == nil || rt.Spec.Monitor.OutputConfigMap == "" {
+			return nil
+		}
+		return []string{compiler.ResolveRef(compilerRoute(rt), rt.Spec.Monitor.OutputConfigMap)}
+	})
+}
+
+// nginxConfigMapUser returns a route (ns/name) whose nginx output is cm,
+// preferring route itself ("" = none): openresty includes every *.conf key
+// of that ConfigMap, so a monitor file must never go there.
+func (r *Reconciler) nginxConfigMapUser(ctx context.Context, route *v1alpha1.ModelRoute, cm string) string {
+	if compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.OutputConfigMap) == cm {
+		return compiler.OwnerRef(route.Namespace, route.Name)
+	}
+	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, cm) {
+		if rt.DeletionTimestamp.IsZero() && compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.OutputConfigMap) == cm {
+			return compiler.OwnerRef(rt.Namespace, rt.Name)
+		}
+	}
+	return ""
+}
+
+// dropUnsafeMonitor removes the monitor output when its ConfigMap is an
+// nginx output ConfigMap (of this route or another), and says so. A
+// monitor key the route wrote there before is then removed as stale.
+func (r *Reconciler) dropUnsafeMonitor(ctx context.Context, st *state, outputs []compiler.Output) []compiler.Output {
+	mon := st.route.Spec.Monitor
+	if mon == nil {
+		return outputs
+	}
+	cm := compiler.ResolveRef(compilerRoute(st.route), mon.OutputConfigMap)
+	user := r.nginxConfigMapUser(ctx, st.route, cm)
+	if user == "" {
+		return outputs
+	}
+	st.block(ReasonMonitorInNginxConfigMap, fmt.Sprintf(
+		"spec.monitor.outputConfigMap %s is the nginx output ConfigMap of ModelRoute %s: openresty includes every *.conf key there, so the monitor file %s would be loaded as nginx configuration; nothing is written there (and a monitor file written earlier is removed): write the monitor lines to the monitoring agent's own ConfigMap",
+		cm, user, compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))), false)
+	key := compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))
+	return slices.DeleteFunc(slices.Clone(outputs), func(o compiler.Output) bool { return o.ConfigMap == cm && o.Key == key })
 }
 
 func outputKeyValues(rt *v1alpha1.ModelRoute) []string {

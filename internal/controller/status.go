@@ -60,6 +60,9 @@ const (
 	// ownership mark (hand-written); left untouched without the route's
 	// adopt-foreign-keys annotation.
 	ReasonOutputKeyForeign = "OutputKeyForeign"
+	// ReasonMonitorInNginxConfigMap: the monitor output ConfigMap is an
+	// nginx output ConfigMap (openresty would load the monitor file).
+	ReasonMonitorInNginxConfigMap = "MonitorInNginxConfigMap"
 	// ReasonOutputTooLarge: the write would take a ConfigMap over 1 MiB.
 	ReasonOutputTooLarge = "OutputTooLarge"
 	// ReasonOutputForbidden: the API server refused the controller's
@@ -82,7 +85,7 @@ type problem struct {
 // the others first.
 var precedence = []string{
 	ReasonNamespaceNotWatched, ReasonServiceNotFound, ReasonPortNotDerivable, ReasonNoBackends,
-	ReasonCompileFailed, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputForbidden, ReasonOutputConflict,
+	ReasonCompileFailed, ReasonMonitorInNginxConfigMap, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputForbidden, ReasonOutputConflict,
 	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonRenderFailed,
 }
 

@@ -211,3 +211,45 @@ func TestOutputForbidden(t *testing.T) {
 	waitCondition(t, denied, "m", metav1.ConditionTrue, ReasonReconciled)
 	waitKey(t, denied, "routes", routeKey("m"), []string{host("10.39.0.1")}, nil)
 }
+
+// TestMonitorNeverInNginxConfigMap: openresty includes every *.conf key of
+// its ConfigMap, so a monitor file there would break the shared nginx. A
+// route naming its own nginx ConfigMap in another form (name vs ns/name:
+// the API server cannot tell) writes no monitor file there; a route whose
+// monitor ConfigMap becomes another route's nginx ConfigMap removes the
+// monitor file it wrote and says so.
+func TestMonitorNeverInNginxConfigMap(t *testing.T) {
+	ns := namespace(t, "moninngx")
+	startManager(t)
+	configMap(t, ns, "routes", map[string]string{}, nil)
+	configMap(t, ns, "mon", map[string]string{}, nil)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-1", "m", v4, 8000, up("10.40.0.1"))
+	createRoute(t, newRoute(ns, "self", "m", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: ns + "/routes"}
+	}))
+	r := waitCondition(t, ns, "self", metav1.ConditionFalse, ReasonMonitorInNginxConfigMap)
+	if msg := findCond(r, TypeReady).Message; !strings.Contains(msg, "ModelRoute "+ns+"/self") {
+		t.Errorf("message: %s", msg)
+	}
+	waitKey(t, ns, "routes", routeKey("self"), []string{host("10.40.0.1")}, nil)
+	if _, ok := cmKey(t, ns, "routes", "self.monitor.conf"); ok {
+		t.Error("monitor file written into the nginx ConfigMap")
+	}
+
+	createRoute(t, newRoute(ns, "mon", "m", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "mon"}
+	}))
+	waitCondition(t, ns, "mon", metav1.ConditionTrue, ReasonReconciled)
+	waitKey(t, ns, "mon", "mon.monitor.conf", []string{"10.40.0.1"}, nil)
+	// Another route now writes its nginx file into "mon".
+	createRoute(t, newRoute(ns, "intruder", "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.OutputConfigMap = "mon" }))
+	r = waitCondition(t, ns, "mon", metav1.ConditionFalse, ReasonMonitorInNginxConfigMap)
+	if msg := findCond(r, TypeReady).Message; !strings.Contains(msg, "ModelRoute "+ns+"/intruder") {
+		t.Errorf("message: %s", msg)
+	}
+	eventually(t, "the monitor file removed from the nginx ConfigMap", func() (bool, string) {
+		_, ok := cmKey(t, ns, "mon", "mon.monitor.conf")
+		return !ok, "still there"
+	})
+}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -107,7 +108,8 @@ func claimsChanged() predicate.Predicate {
 // mapClaimants maps a route to the other routes that render one of its
 // keys: when it goes away or renders other keys, the next claimant takes
 // the key over (for an update, both the old and the new object's keys are
-// mapped).
+// mapped); and to the routes whose monitor file goes into its nginx output
+// ConfigMap.
 func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconcile.Request {
 	rt, ok := o.(*v1alpha1.ModelRoute)
 	if !ok {
@@ -115,13 +117,20 @@ func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconc
 	}
 	var out []reconcile.Request
 	seen := map[types.NamespacedName]bool{client.ObjectKeyFromObject(rt): true}
-	for _, v := range outputKeyValues(rt) {
-		for _, other := range r.routesBy(ctx, IndexRouteOutputKey, v) {
-			if k := client.ObjectKeyFromObject(&other); !seen[k] {
+	add := func(routes []v1alpha1.ModelRoute) {
+		for i := range routes {
+			if k := client.ObjectKeyFromObject(&routes[i]); !seen[k] {
 				seen[k] = true
 				out = append(out, reconcile.Request{NamespacedName: k})
 			}
 		}
+	}
+	for _, v := range outputKeyValues(rt) {
+		add(r.routesBy(ctx, IndexRouteOutputKey, v))
+	}
+	// Routes whose monitor file goes where this route writes nginx files.
+	if cm := rt.Spec.Nginx.OutputConfigMap; cm != "" {
+		add(r.routesBy(ctx, IndexRouteMonitorConfigMap, compiler.ResolveRef(compilerRoute(rt), cm)))
 	}
 	return out
 }

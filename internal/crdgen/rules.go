@@ -45,6 +45,7 @@ const (
 	msgSLOTPS         = "spec.slo.decodeTokensPerSecond and spec.nginx.values.tps_limit_tps both set the engine option tps_limit_tps; keep one: remove the value (spec.slo.decodeTokensPerSecond renders it) or remove spec.slo.decodeTokensPerSecond"
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
+	msgMonitorInNginx = "monitor.outputConfigMap is the nginx outputConfigMap: openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap"
 	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
 	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1g (from 8k to 16g; it sizes the route's lua shared dict)"
 )
@@ -53,7 +54,7 @@ const (
 var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
-	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
@@ -86,6 +87,7 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 			rule(`!`+isVideo+` || !has(self.cart)`, msgVideoCart, ".cart"),
 			rule(`!`+isVideo+` || !has(self.slo)`, msgVideoSLO, ".slo"),
 			rule(`!`+isVideo+` || !has(self.monitor)`, msgVideoMonitor, ".monitor"),
+			rule(`!has(self.monitor) || self.monitor.outputConfigMap != self.nginx.outputConfigMap`, msgMonitorInNginx, ".monitor"),
 			rule(`!`+isVideo+` || self.nginx.peers.all(p, p.use != "cart")`, msgVideoPeerUse, ".nginx.peers"),
 			rule(`!`+isVideo+` || !has(self.nginx.values) || !("upload_req_burst" in self.nginx.values) || "upload_req_limit" in self.nginx.values`, msgBurst, ".nginx.values"),
 			rule(isVideo+` || has(self.cart) || self.nginx.peers.all(p, p.use != "cart")`, msgCartPeer, ".nginx.peers"),
