@@ -129,6 +129,13 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var docs []Document
+	if json.Valid(src) {
+		// A JSON document (kubectl get -o json) may hold U+FFFE and
+		// U+FFFF raw, which YAML (JSON's superset otherwise) refuses as
+		// control characters; in valid JSON they can only be inside
+		// strings, where the escapes mean the same.
+		src = bytes.ReplaceAll(bytes.ReplaceAll(src, []byte("\ufffe"), []byte(`\ufffe`)), []byte("\uffff"), []byte(`\uffff`))
+	}
 	dec := cueyaml.NewDecoder(filename, bytes.NewReader(src))
 	for {
 		expr, err := dec.Extract()
@@ -178,6 +185,12 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 	if err != nil {
 		return nil, fmt.Errorf("encode route: %w", err)
 	}
+	// encoding/json writes U+FEFF as its raw bytes, which CUE's JSON
+	// scanner refuses anywhere ("invalid JSON"), while the API server and
+	// YAML accept it in a string: escape it, so the stored route and
+	// `autoconfig vet` of the same bytes get the same verdict. Raw U+FEFF
+	// bytes can only be inside strings here.
+	b = bytes.ReplaceAll(b, []byte("\ufeff"), []byte(`\ufeff`))
 	name := in.Namespace + "/" + in.Name
 	// Extract + BuildExpr, not CompileBytes: the controller validates every
 	// spec generation for the life of the process, and a long-lived

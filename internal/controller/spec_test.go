@@ -61,3 +61,25 @@ func validations(t *testing.T) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// failingValidator fails as a validator that cannot read a spec does.
+type failingValidator struct{}
+
+func (failingValidator) ValidateObject(*v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error) {
+	return nil, errors.New("n/q: invalid JSON")
+}
+
+// TestReconcileSpecUnreadableIsTerminal: a spec the validator cannot read
+// (not a rule violation) is Stalled with a reason and not retried, since
+// validation does no I/O and would fail the same way again.
+func TestReconcileSpecUnreadableIsTerminal(t *testing.T) {
+	r := &Reconciler{Validator: failingValidator{}}
+	route := newRoute("ns", "q", "svc", func(r *v1alpha1.ModelRoute) { r.Generation, r.UID = 2, "u2" })
+	done, err := r.reconcileSpec(context.Background(), &state{route: route})
+	if !done || !errors.Is(err, reconcile.TerminalError(nil)) {
+		t.Fatalf("done=%v err=%v; want a terminal error", done, err)
+	}
+	if c := findCond(route, TypeStalled); c == nil || c.Reason != ReasonInvalidSpec || !strings.Contains(c.Message, "cannot be validated: n/q: invalid JSON") {
+		t.Fatalf("Stalled: %+v", c)
+	}
+}

@@ -32,7 +32,10 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, st *state) (bool, error)
 	}
 	var inv *schema.InvalidError
 	if !errors.As(err, &inv) {
-		return false, fmt.Errorf("validate spec: %w", err)
+		// Validation does no I/O: the same spec fails the same way, so a
+		// retry cannot help; only a new generation can.
+		markStalled(st.route, ReasonInvalidSpec, "the spec cannot be validated: "+err.Error())
+		return true, reconcile.TerminalError(fmt.Errorf("validate spec: %w", err))
 	}
 	msgs := make([]string, len(inv.Problems))
 	for i, p := range inv.Problems {

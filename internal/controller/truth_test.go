@@ -253,3 +253,19 @@ func TestMonitorNeverInNginxConfigMap(t *testing.T) {
 		return !ok, "still there"
 	})
 }
+
+// TestByteOrderMarkValue: a value with U+FEFF, which the API server and
+// `autoconfig vet` accept, is valid for the controller too (it used to
+// fail its JSON step and retry forever) and reaches the route file.
+func TestByteOrderMarkValue(t *testing.T) {
+	ns := namespace(t, "bom")
+	startManager(t)
+	configMap(t, ns, "routes", map[string]string{}, nil)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-1", "m", v4, 8000, up("10.41.0.1"))
+	createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Nginx.Values = map[string]string{"note": "a\ufeffb"}
+	}))
+	waitCondition(t, ns, "m", metav1.ConditionTrue, ReasonReconciled)
+	waitKey(t, ns, "routes", routeKey("m"), []string{`"a\239\187\191b"`}, nil)
+}
