@@ -216,14 +216,14 @@ func TestMonitor(t *testing.T) {
 func TestRateLimitBytes(t *testing.T) {
 	for in, want := range map[string]string{
 		"200Mbps": "25000000", "1.5Gbps": "187500000", "8Mbps": "1000000", "100Kbps": "12500",
-		"12bps": "1", "25m": "25m", "512k": "512k", "1000": "1000", "2g": "2147483648", "0.5Mbps": "62500",
+		"12bps": "1", "7bps": "1", "1bps": "1", "0.001Kbps": "1", "25m": "25m", "512k": "512k", "1000": "1000", "2g": "2147483648", "0.5Mbps": "62500",
 	} {
 		got, err := RateLimitBytes(in)
 		if err != nil || got != want {
 			t.Errorf("RateLimitBytes(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "7bps", "fast", "1.5m", "25 m", "0"} {
+	for _, bad := range []string{"", "0bps", "0.0Kbps", "fast", "1.5m", "25 m", "0"} {
 		if got, err := RateLimitBytes(bad); err == nil {
 			t.Errorf("RateLimitBytes(%q) = %q, want an error", bad, got)
 		}

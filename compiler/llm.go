@@ -146,7 +146,9 @@ const DefaultSharedDictSize = "10m"
 const SharedDictSizeKey = "shared_dict_size"
 
 // sharedDictSize is the route's lua_shared_dict size: values.shared_dict_size
-// in nginx size form (digits, optional k/m/g), from 8k (nginx's least) to
+// in nginx size form (digits, optional k or m: nginx refuses g there), from 64k (nginx -t fails
+// below 12k: "ngx_slab_alloc() failed: no memory"; 64k leaves the engine
+// room for its per-peer state) to
 // 16g, or DefaultSharedDictSize. The value is written into an nginx
 // directive unquoted, so only that form passes.
 func (c *compilation) sharedDictSize() (string, error) {
@@ -154,7 +156,7 @@ func (c *compilation) sharedDictSize() (string, error) {
 	if !ok {
 		return DefaultSharedDictSize, nil
 	}
-	bad := fmt.Errorf("spec.nginx.values.%s %q must be an nginx size from 8k to 16g, such as 10m, 512k or 1g", SharedDictSizeKey, v)
+	bad := fmt.Errorf("spec.nginx.values.%s %q must be an nginx size from 64k to 16384m, such as 10m, 512k or 1024m (nginx takes no g unit in lua_shared_dict)", SharedDictSizeKey, v)
 	num, mult := v, int64(1)
 	if n := len(v); n > 0 {
 		switch v[n-1] {
@@ -162,8 +164,6 @@ func (c *compilation) sharedDictSize() (string, error) {
 			num, mult = v[:n-1], 1<<10
 		case 'm', 'M':
 			num, mult = v[:n-1], 1<<20
-		case 'g', 'G':
-			num, mult = v[:n-1], 1<<30
 		}
 	}
 	if num == "" || len(num) > 11 || num[0] == '0' {
@@ -175,7 +175,7 @@ func (c *compilation) sharedDictSize() (string, error) {
 		}
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n > (16<<30)/mult || n*mult < 8<<10 {
+	if err != nil || n > (16<<30)/mult || n*mult < 64<<10 {
 		return "", bad
 	}
 	return v, nil

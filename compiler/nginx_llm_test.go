@@ -261,11 +261,11 @@ func TestNginxLLMSharedDict(t *testing.T) {
 	}
 }
 
-// TestSharedDictSize: only the nginx size form, from 8k to 16g, reaches
+// TestSharedDictSize: only the nginx size form, from 64k to 16g, reaches
 // the lua_shared_dict line; anything else fails the route.
 func TestSharedDictSize(t *testing.T) {
 	snap := normalized(Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000}}})
-	for _, ok := range []string{"8k", "8192", "10m", "512K", "1g", "16g", "17179869184"} {
+	for _, ok := range []string{"64k", "65536", "10m", "512K", "1024m", "16384m", "17179869184"} {
 		res, err := Compile(llmRoute("r", map[string]string{SharedDictSizeKey: ok}, routespec.Peer{Use: "backend", Priority: 2}), snap, Options{})
 		if err != nil {
 			t.Errorf("%q: %v", ok, err)
@@ -275,7 +275,7 @@ func TestSharedDictSize(t *testing.T) {
 			t.Errorf("%q: no dict line in\n%s", ok, conf)
 		}
 	}
-	for _, bad := range []string{"", "0", "7k", "8191", "010m", "17g", "99999999999g", "10 m", "10m;", "10m; include /etc/passwd", "1.5m", "-1m", "10mb", "m"} {
+	for _, bad := range []string{"", "0", "7k", "8k", "63k", "65535", "010m", "1g", "16g", "17g", "16385m", "99999999999g", "10 m", "10m;", "10m; include /etc/passwd", "1.5m", "-1m", "10mb", "m"} {
 		if _, err := Compile(llmRoute("r", map[string]string{SharedDictSizeKey: bad}, routespec.Peer{Use: "backend", Priority: 2}), snap, Options{}); err == nil || !strings.Contains(err.Error(), SharedDictSizeKey) {
 			t.Errorf("%q: err %v, want a shared_dict_size error", bad, err)
 		}

@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math/big"
 	"regexp"
 	"strconv"
@@ -25,7 +26,7 @@ var (
 	reSize     = regexp.MustCompile(`^[0-9]{1,12}[kKmMgG]?$`)
 	reTime     = regexp.MustCompile(`^([0-9]{1,9}(ms|s|m|h|d))+$|^[0-9]{1,9}$`)
 	reCount    = regexp.MustCompile(`^[1-9][0-9]{0,8}$`)
-	reBurst    = regexp.MustCompile(`^[0-9]{1,9}$`)
+	reBurst    = regexp.MustCompile(`^[1-9][0-9]{0,8}$`)
 	reReqRate  = regexp.MustCompile(`^[1-9][0-9]{0,8}r/[sm]$`)
 	reVar      = regexp.MustCompile(`^\$[a-z_][a-z0-9_]*$`)
 	reBitsRate = regexp.MustCompile(`^([0-9]+(\.[0-9]+)?)(bps|Kbps|Mbps|Gbps)$`)
@@ -105,6 +106,7 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	}
 
 	up := upstreamName(c.name)
+	fwd := videoVarPrefix(c.name)
 	n := 0
 	for _, t := range tiers {
 		n += len(t.peers)
@@ -114,26 +116,27 @@ func (c *compilation) renderVideo() ([]byte, error) {
 
 	// http-level directives: this file is included inside http{}, shared
 	// with every other route, so every name carries the route's identifier.
+	connZone, reqZone := limitZones(up, limitKey)
 	if connLimit != "" {
 		b = append(b, "limit_conn_zone "...)
 		b = append(b, limitKey...)
 		b = append(b, " zone="...)
-		b = append(b, up...)
-		b = append(b, "_conn:1m;\n"...)
+		b = append(b, connZone...)
+		b = append(b, ":1m;\n"...)
 	}
 	if reqLimit != "" {
 		b = append(b, "limit_req_zone "...)
 		b = append(b, limitKey...)
 		b = append(b, " zone="...)
-		b = append(b, up...)
-		b = append(b, "_req:1m rate="...)
+		b = append(b, reqZone...)
+		b = append(b, ":1m rate="...)
 		b = append(b, reqLimit...)
 		b = append(b, ";\n"...)
 	}
 	b = append(b, "map $http_x_forwarded_proto $"...)
-	b = append(b, up...)
+	b = append(b, fwd...)
 	b = append(b, "_fwd_proto {\n    default $http_x_forwarded_proto;\n    \"\" $scheme;\n}\nmap $http_x_forwarded_host $"...)
-	b = append(b, up...)
+	b = append(b, fwd...)
 	b = append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
 
 	// The highest tier is primary; lower tiers are backup servers, used
@@ -172,15 +175,14 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	}
 	if connLimit != "" {
 		b = append(b, "        limit_conn "...)
-		b = append(b, up...)
-		b = append(b, "_conn "...)
+		b = append(b, connZone...)
+		b = append(b, ' ')
 		b = append(b, connLimit...)
 		b = append(b, ";\n"...)
 	}
 	if reqLimit != "" {
 		b = append(b, "        limit_req zone="...)
-		b = append(b, up...)
-		b = append(b, "_req"...)
+		b = append(b, reqZone...)
 		if reqBurst != "" {
 			b = append(b, " burst="...)
 			b = append(b, reqBurst...)
@@ -196,9 +198,9 @@ func (c *compilation) renderVideo() ([]byte, error) {
         proxy_set_header X-Real-IP $remote_addr;
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         proxy_set_header X-Forwarded-Host $`...)
-	b = append(b, up...)
+	b = append(b, fwd...)
 	b = append(b, "_fwd_host;\n        proxy_set_header X-Forwarded-Proto $"...)
-	b = append(b, up...)
+	b = append(b, fwd...)
 	b = append(b, "_fwd_proto;\n        proxy_set_header Range $http_range;\n        proxy_set_header If-Range $http_if_range;\n        proxy_connect_timeout "...)
 	b = append(b, connectTimeout...)
 	b = append(b, ";\n        proxy_read_timeout "...)
@@ -261,7 +263,8 @@ func appendVideoAuth(b []byte, keys, public string) []byte {
 // RateLimitBytes converts a video rate_limit to the bytes per second
 // limit_rate takes: bits per second (bps, Kbps, Mbps, Gbps; decimal units,
 // fractions allowed) are divided by 8 and rounded down, "200Mbps" →
-// "25000000", "1.5Gbps" → "187500000"; nginx sizes pass through ("25m",
+// "25000000", "1.5Gbps" → "187500000", but never below 1 (nginx's least
+// limit: "1bps" → "1"); nginx sizes pass through ("25m",
 // "512k", plain bytes), except "g", which limit_rate does not accept and
 // which becomes plain bytes.
 func RateLimitBytes(v string) (string, error) {
@@ -273,8 +276,13 @@ func RateLimitBytes(v string) (string, error) {
 		unit := map[string]int64{"bps": 1, "Kbps": 1e3, "Mbps": 1e6, "Gbps": 1e9}[m[3]]
 		r.Mul(r, big.NewRat(unit, 8))
 		q := new(big.Int).Quo(r.Num(), r.Denom())
+		if q.Sign() <= 0 && r.Sign() > 0 {
+			// Below one byte per second (1bps, 0.001Kbps): nginx counts
+			// whole bytes, so the least limit it has.
+			q.SetInt64(1)
+		}
 		if q.Sign() <= 0 {
-			return "", fmt.Errorf("%q is less than one byte per second", v)
+			return "", fmt.Errorf("%q is not a positive rate", v)
 		}
 		if !q.IsInt64() {
 			return "", fmt.Errorf("%q is too large", v)
@@ -297,4 +305,43 @@ func nginxSize(v string) string {
 		}
 	}
 	return v
+}
+
+// maxVarName is the longest variable name nginx's variables hash holds
+// with its default variables_hash_bucket_size of 64 (an entry is the name
+// plus 10 bytes, 8-aligned, next to an 8-byte terminator): a longer one
+// fails the whole http{} ("could not build variables_hash"), every route's.
+const maxVarName = 46
+
+// videoVarPrefix names a video route's map variables
+// (<prefix>_fwd_proto, <prefix>_fwd_host): the upstream name, as always,
+// while the variable fits maxVarName; for longer route names
+// "ac_" and a 64-bit FNV-1a hash of the route name instead.
+func videoVarPrefix(route string) string {
+	up := upstreamName(route)
+	if len(up)+len("_fwd_proto") <= maxVarName {
+		return up
+	}
+	h := fnv.New64a()
+	h.Write([]byte(route))
+	return fmt.Sprintf("ac_%016x", h.Sum64())
+}
+
+// DefaultLimitKey is the video upload_limit_key default.
+const DefaultLimitKey = "$http_x_real_ip"
+
+// limitZones names a video route's limit_conn and limit_req zones. nginx
+// keeps a zone across a reload only with the same key and refuses the
+// reload otherwise (of the whole shared http{}), so a zone's name carries
+// its key: <upstream>_conn and <upstream>_req for the default key, as
+// always, and a hash of the key appended for any other.
+func limitZones(up, key string) (conn, req string) {
+	conn, req = up+"_conn", up+"_req"
+	if key != DefaultLimitKey {
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		sum := fmt.Sprintf("_%08x", h.Sum32())
+		conn, req = conn+sum, req+sum
+	}
+	return conn, req
 }

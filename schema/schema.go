@@ -21,6 +21,7 @@ import (
 	"cuelang.org/go/cue/token"
 	cuejson "cuelang.org/go/encoding/json"
 	cueyaml "cuelang.org/go/encoding/yaml"
+	"gopkg.in/yaml.v3"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -138,9 +139,16 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 	}
 	dec := cueyaml.NewDecoder(filename, bytes.NewReader(src))
 	for {
-		expr, err := dec.Extract()
+		expr, err := extract(dec)
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		var crash *decoderPanic
+		if errors.As(err, &crash) {
+			// Valid YAML that CUE's decoder cannot place: read the
+			// whole stream with yaml.v3 instead (data only; the
+			// comments the CUE decoder tripped over do not matter).
+			return v.validatePlain(filename, src)
 		}
 		if err != nil {
 			docs = append(docs, Document{File: filename, Line: errLine(err), Err: fmt.Errorf("%s: parse yaml: %w", filename, err)})
@@ -158,6 +166,73 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err})
 	}
 	return docs
+}
+
+// extract reads the next YAML document. CUE's YAML decoder (v0.17.1)
+// panics on some inputs (an index out of range in its comment placement);
+// that is a parse error of this document, never a crash of vet or of the
+// caller.
+func extract(dec *cueyaml.Decoder) (expr ast.Expr, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &decoderPanic{p}
+		}
+	}()
+	return dec.Extract()
+}
+
+// decoderPanic is a panic of CUE's YAML decoder.
+type decoderPanic struct{ v any }
+
+func (d *decoderPanic) Error() string { return fmt.Sprintf("YAML decoder failed: %v", d.v) }
+
+// validatePlain validates every document of src read by yaml.v3 as plain
+// data, through JSON as ValidateObject does: the fallback for YAML that
+// CUE's decoder panics on. Lines are the documents' first lines. The
+// caller holds v.mu.
+func (v *Validator) validatePlain(filename string, src []byte) []Document {
+	var docs []Document
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	for {
+		var node yaml.Node
+		err := dec.Decode(&node)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			docs = append(docs, Document{File: filename, Err: fmt.Errorf("%s: parse yaml: %w", filename, err)})
+			break
+		}
+		var data any
+		if err := node.Decode(&data); err != nil {
+			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: parse yaml: %w", filename, node.Line, err)})
+			continue
+		}
+		if data == nil {
+			continue
+		}
+		b, err := json.Marshal(data)
+		if err != nil {
+			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)})
+			continue
+		}
+		expr, err := cuejson.Extract(filename, escapeBOM(b))
+		if err != nil {
+			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)})
+			continue
+		}
+		r, err := v.check(filename, node.Line, v.ctx.BuildExpr(expr))
+		docs = append(docs, Document{File: filename, Line: node.Line, Route: r, Err: err})
+	}
+	return docs
+}
+
+// escapeBOM writes U+FEFF in JSON text as an escape: encoding/json writes
+// it raw, and CUE's JSON scanner refuses it anywhere ("invalid JSON"),
+// while the API server and YAML accept it in a string. Raw U+FEFF bytes can
+// only be inside strings in encoding/json's output.
+func escapeBOM(b []byte) []byte {
+	return bytes.ReplaceAll(b, []byte("\ufeff"), []byte(`\ufeff`))
 }
 
 // Validate validates a single-document route and returns it defaulted.
@@ -185,12 +260,9 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 	if err != nil {
 		return nil, fmt.Errorf("encode route: %w", err)
 	}
-	// encoding/json writes U+FEFF as its raw bytes, which CUE's JSON
-	// scanner refuses anywhere ("invalid JSON"), while the API server and
-	// YAML accept it in a string: escape it, so the stored route and
-	// `autoconfig vet` of the same bytes get the same verdict. Raw U+FEFF
-	// bytes can only be inside strings here.
-	b = bytes.ReplaceAll(b, []byte("\ufeff"), []byte(`\ufeff`))
+	// So the stored route and `autoconfig vet` of the same bytes get the
+	// same verdict.
+	b = escapeBOM(b)
 	name := in.Namespace + "/" + in.Name
 	// Extract + BuildExpr, not CompileBytes: the controller validates every
 	// spec generation for the life of the process, and a long-lived

@@ -21,7 +21,7 @@ const isVideo = `(has(self.modelType) && self.modelType == "video")`
 const (
 	routeRE = `^[a-z0-9._-]+$`
 	modelRE = `^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$`
-	dictRE  = `^[1-9][0-9]{0,10}[kKmMgG]?$`
+	dictRE  = `^((6553[6-9]|655[4-9][0-9]|65[6-9][0-9]{2}|6[6-9][0-9]{3}|[7-9][0-9]{4}|[1-9][0-9]{5,9}|1[0-6][0-9]{9}|170[0-9]{8}|171[0-6][0-9]{7}|1717[0-8][0-9]{6}|17179[0-7][0-9]{5}|171798[0-5][0-9]{4}|1717986[0-8][0-9]{3}|171798690[0-9]{2}|171798691[0-7][0-9]|1717986918[0-4])|(6[4-9]|[7-9][0-9]|[1-9][0-9]{2,6}|1[0-5][0-9]{6}|16[0-6][0-9]{5}|167[0-6][0-9]{4}|1677[0-6][0-9]{3}|16777[01][0-9]{2}|1677720[0-9]|1677721[0-6])[kK]|([1-9][0-9]{0,3}|1[0-5][0-9]{3}|16[0-2][0-9]{2}|163[0-7][0-9]|1638[0-4])[mM])$`
 )
 
 // Messages of the CUE rules that live in comprehensions, copied verbatim;
@@ -47,7 +47,7 @@ const (
 	msgUseTwice       = "each use may appear once; "
 	msgMonitorInNginx = "monitor.outputConfigMap is the nginx outputConfigMap: openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap"
 	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
-	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1g (from 8k to 16g; it sizes the route's lua shared dict)"
+	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1024m (from 64k to 16384m, no g unit: nginx's lua_shared_dict refuses it; it sizes the route's lua shared dict)"
 )
 
 // copiedMessages lists the hand-copied messages for TestRulesFollowCUE.
