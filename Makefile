@@ -11,7 +11,11 @@ export KUBEBUILDER_ASSETS ?= $(ENVTEST_DIR)
 RACE_PKGS   := ./schema/... ./compiler/... ./cmd/... ./internal/... ./hack/...
 CRD_FILE    := deploy/crds/routing.modelsphere.dev_modelroutes.yaml
 
-.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race
+.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race property fuzz
+
+PROPERTY_N    ?= 2000
+PROPERTY_SEED ?= 1
+FUZZTIME      ?= 10m
 
 all: build
 
@@ -48,6 +52,12 @@ race:
 	$(GO) test -count=1 -race -timeout 30m $(RACE_PKGS)
 
 test: deps envtest verify vet unit race ## everything CI runs
+
+property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
+	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler
+
+fuzz: deps ## fuzz the route generator against real nginx for FUZZTIME; failing inputs are kept in compiler/testdata/fuzz
+	$(GO) test -run '^$$' -fuzz FuzzAcceptedRouteLoads -fuzztime $(FUZZTIME) ./compiler
 
 demo: deps envtest ## the whole loop on a laptop: control plane, controller, routes, scaling
 	$(GO) run ./hack/demo

@@ -24,7 +24,7 @@ import (
 // boundary values, random strings of a hostile alphabet, maximum sizes),
 // keeping those vet accepts; FuzzAcceptedRouteLoads lets the fuzzer pick
 // the generator's choices (make fuzz). Every route that ever failed is kept
-// in testdata/routes/property/ and checked first.
+// in testdata/routes/property/ (accepted routes) or testdata/routes/invalid/ (routes the schema now rejects), and the kept ones are checked first.
 
 // propertyEnv reads an integer knob (AUTOCONFIG_PROPERTY_N, _SEED).
 func propertyEnv(name string, def int) int {
