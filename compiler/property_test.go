@@ -321,4 +321,3 @@ func FuzzAcceptedRouteLoads(f *testing.F) {
 		p.load(routes, srcs)
 	})
 }
-
