@@ -210,6 +210,9 @@ func (p *propertyCheck) load(routes []*Route, srcs [][]byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if len(conf) > maxSpecFile {
+			t.Errorf("accepted route renders %d bytes, over the documented %d:\n%s", len(conf), maxSpecFile, srcs[i])
+		}
 		if err := os.WriteFile(filepath.Join(p.n.RoutesDir(), res.Outputs[0].Key), conf, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -320,4 +323,60 @@ func FuzzAcceptedRouteLoads(f *testing.F) {
 		}
 		p.load(routes, srcs)
 	})
+}
+
+// maxSpecFile bounds the part of a route file the spec decides (docs:
+// "Limits a route's values are held to"): the schema's limits (values at
+// most 16384 bytes, probe paths at most 1024 characters) keep it under
+// this, whatever the bytes; endpoints add to it.
+const maxSpecFile = 96 << 10
+
+// TestWorstCaseRouteFile renders a route at every limit the schema
+// allows, with bytes that escape to four times their size, checks it stays
+// under maxSpecFile and loads in real nginx.
+func TestWorstCaseRouteFile(t *testing.T) {
+	v, err := schema.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := "/" + strings.Repeat(`\"`, 1023)
+	var vals strings.Builder
+	for i := range 4 {
+		fmt.Fprintf(&vals, "      %d: \"%s\"\n", i, strings.Repeat(`\"`, 4095))
+	}
+	src := fmt.Sprintf(`apiVersion: routing.modelsphere.dev/v1alpha1
+kind: ModelRoute
+metadata: {name: worst, namespace: prop}
+spec:
+  discovery: {service: svc}
+  cart: {service: cart, outputConfigMap: cart}
+  failureMode: FailOpen
+  nginx:
+    outputConfigMap: openresty-conf
+    peers:
+    - {use: cart, priority: 3, probePath: "%[1]s"}
+    - {use: backend, priority: 2, probePath: "%[1]s"}
+    - {use: backend-svc, priority: 1, probePath: "%[1]s"}
+    values:
+%[2]s`, probe, vals.String())
+	src = strings.ReplaceAll(src, "      0:", "      a:")
+	src = strings.ReplaceAll(src, "      1:", "      b:")
+	src = strings.ReplaceAll(src, "      2:", "      c:")
+	src = strings.ReplaceAll(src, "      3:", "      d:")
+	obj, err := v.Validate("worst.yaml", []byte(src))
+	if err != nil {
+		t.Fatalf("the worst case is not valid: %v", err)
+	}
+	p := newPropertyCheck(t)
+	route := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
+	res, err := Compile(route, normalized(p.snap), Options{SockDir: p.n.SockDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, _ := res.Outputs[0].Render(nil)
+	t.Logf("route file at the schema's limits: %d bytes (%.1f KiB) with one backend; a 1 MiB ConfigMap holds %d of them", len(conf), float64(len(conf))/1024, (1<<20)/len(conf))
+	if len(conf) > maxSpecFile {
+		t.Errorf("route file %d bytes, over %d", len(conf), maxSpecFile)
+	}
+	p.load([]*Route{route}, [][]byte{[]byte(src)})
 }

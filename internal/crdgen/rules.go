@@ -46,6 +46,7 @@ const (
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
 	msgMonitorInNginx = "monitor.outputConfigMap is the nginx outputConfigMap: openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap"
+	msgValuesBytes    = "values add up to more than 16384 bytes (keys and values; the route file shares a 1 MiB ConfigMap with other routes); shorten them"
 	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
 	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1024m (from 64k to 16384m, no g unit: nginx's lua_shared_dict refuses it; it sizes the route's lua shared dict)"
 )
@@ -54,7 +55,7 @@ const (
 var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
-	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx, msgValuesBytes,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
@@ -111,6 +112,7 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 		},
 		"spec.nginx.values": {
 			rule(`self.size() <= 64`, msgValuesCount, ""),
+			rule(`self.map(k, size(k) + size(bytes(self[k]))).sum() <= 16384`, msgValuesBytes, ""),
 		},
 		"spec.monitor": {
 			rule(`!has(self.model) || self.model.matches(`+celString(modelRE)+`)`, msgModel, ".model"),
