@@ -19,6 +19,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/kubeclient"
+	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -60,6 +61,7 @@ type controllerOptions struct {
 	leaderElect             bool
 	leaderElectionNamespace string
 	namespaces              []string
+	trusted                 []string
 	sockDir                 string
 	maxConcurrent           int
 }
@@ -72,6 +74,7 @@ func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace; required outside a cluster)")
 	fs.Var(cli.StringList{Values: &o.namespaces}, "namespace", "watch only this namespace (repeatable, or comma-separated); default: all namespaces. Must include every namespace routes reference (services, output ConfigMaps)")
 	fs.Var(cli.StringList{Values: &o.namespaces}, "watch-namespaces", "same as --namespace (comma-separated), as the Helm chart passes it")
+	fs.Var(cli.StringList{Values: &o.trusted}, "trusted-namespace", "a route namespace whose routes may use Services and ConfigMaps in every namespace without a grant on them (repeatable, or comma-separated): the platform team's central route namespace; routes elsewhere need the referenced object's "+sink.AllowedNamespacesAnnotation+" annotation")
 	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "absolute directory of the per-route unix sockets in the openresty image")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent-reconciles", 4, "routes reconciled in parallel")
 }
@@ -122,10 +125,11 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		return err
 	}
 	r := &controller.Reconciler{
-		Validator:      v,
-		Recorder:       mgr.GetEventRecorder(controller.Name),
-		CompileOptions: compiler.Options{SockDir: o.sockDir},
-		Namespaces:     o.namespaces,
+		Validator:         v,
+		Recorder:          mgr.GetEventRecorder(controller.Name),
+		CompileOptions:    compiler.Options{SockDir: o.sockDir},
+		Namespaces:        o.namespaces,
+		TrustedNamespaces: o.trusted,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.maxConcurrent); err != nil {
 		return fmt.Errorf("set up controller: %w", err)
@@ -136,6 +140,6 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("starting", "version", cli.Version, "namespaces", strings.Join(o.namespaces, ","), "leaderElect", o.leaderElect)
+	log.Info("starting", "version", cli.Version, "namespaces", strings.Join(o.namespaces, ","), "trustedNamespaces", strings.Join(o.trusted, ","), "leaderElect", o.leaderElect)
 	return mgr.Start(ctx)
 }

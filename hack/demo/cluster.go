@@ -69,8 +69,10 @@ func (d *demo) setupCluster(ctx context.Context) error {
 		// would lead nowhere. The llm route's cart tier (CART VIP) and
 		// backend-svc tier (backend VIP) are skipped with a warning and
 		// the backend pod-IP tier serves.
-		headless(service(llmBackendNS, "qwen", "http", 8000)),
-		service(videoNS, "wan", "http", 8000),
+		// The models' Services live in their own namespaces and grant
+		// the routes' namespace, as the monitoring ConfigMap does.
+		granted(headless(service(llmBackendNS, "qwen", "http", 8000))),
+		granted(service(videoNS, "wan", "http", 8000)),
 		headless(service(routeNS, "qwen-cart", "http", 9000)),
 		service(routeNS, "openresty", "dispatch", 8080),
 	)
@@ -90,7 +92,7 @@ func (d *demo) setupCluster(ctx context.Context) error {
 	d.say("namespaces %s, %s, %s, %s; nodes gpu-a, gpu-b (%s=NVIDIA-H100-80GB-HBM3)", routeNS, monitorNS, llmBackendNS, videoNS, gpuLabel)
 	d.say("ConfigMaps %s/%s (empty), %s/%s (CART base config), %s/%s (annotated %s=%s)",
 		routeNS, nginxCM, routeNS, cartCM, monitorNS, monitorCM, allowedNamespacesAnnotation, routeNS)
-	d.say("Services llm/qwen, video/wan (no endpoints yet), llm-route/qwen-cart (2 pods), llm-route/openresty (1 pod)")
+	d.say("Services llm/qwen, video/wan (no endpoints yet; annotated %s=%s), llm-route/qwen-cart (2 pods), llm-route/openresty (1 pod)", allowedNamespacesAnnotation, routeNS)
 	d.say("llm/qwen and llm-route/qwen-cart are headless (no kube-proxy here): the qwen route's cart and backend-svc tiers are skipped, its backend pods serve")
 	return nil
 }
@@ -103,6 +105,13 @@ func service(ns, name, portName string, port int32) *corev1.Service {
 			Ports: []corev1.ServicePort{{Name: portName, Port: port, TargetPort: intstr.FromInt32(port), Protocol: corev1.ProtocolTCP}},
 		},
 	}
+}
+
+// granted annotates s to grant the routes' namespace (a route in another
+// namespace reads a Service only with it, or from a trusted namespace).
+func granted(s *corev1.Service) *corev1.Service {
+	s.Annotations = map[string]string{allowedNamespacesAnnotation: routeNS}
+	return s
 }
 
 // headless makes s a Service without a ClusterIP.

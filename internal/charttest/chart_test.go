@@ -179,18 +179,24 @@ func TestDefaultRender(t *testing.T) {
 		group, resource string
 		want            []string
 	}{
-		{"", "configmaps", []string{"get", "list", "patch", "update", "watch"}},
+		{"", "configmaps", []string{"get", "list", "patch", "watch"}},
 		{"discovery.k8s.io", "endpointslices", []string{"get", "list", "watch"}},
 		{"", "pods", []string{"get", "list", "watch"}},
-		{"", "services", []string{"create", "delete", "get", "list", "patch", "watch"}}, // patch: server-side apply of the fallback Service
-		{"routing.modelsphere.dev", "modelroutes", []string{"get", "list", "patch", "update", "watch"}},
-		{"routing.modelsphere.dev", "modelroutes/status", []string{"get", "patch", "update"}},
+		// Service writes (fallback Services) only by a Role per listed namespace.
+		{"", "services", []string{"get", "list", "watch"}},
+		{"routing.modelsphere.dev", "modelroutes", []string{"get", "list", "patch", "watch"}},
+		{"routing.modelsphere.dev", "modelroutes/status", []string{"get", "patch"}},
 		{"routing.modelsphere.dev", "modelroutes/finalizers", []string{"update"}},
 		{"", "nodes", nil},
 		{"coordination.k8s.io", "leases", nil},
 	} {
 		if got := verbs(cr, c.group, c.resource); !slices.Equal(got, c.want) {
 			t.Errorf("ClusterRole verbs on %s %q = %v, want %v", c.resource, c.group, got, c.want)
+		}
+	}
+	for _, o := range rel.Objects {
+		if strings.HasSuffix(o.GetName(), "-fallback-services") {
+			t.Errorf("default render grants fallback Service writes: %s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 		}
 	}
 	if got := verbs(rules(t, rel.Find("ClusterRole", "", "ac-autoconfig-nodes")), "", "nodes"); !slices.Equal(got, []string{"get", "list", "watch"}) {
@@ -245,7 +251,8 @@ func TestScopedRender(t *testing.T) {
 	const ns = "autoconfig-system"
 	rel := render(t, "ac", ns, map[string]any{
 		"watchNamespaces":   []any{"llm-route", "llm"},
-		"failOpen":          map[string]any{"manageFallbackServices": false},
+		"trustedNamespaces": []any{"llm-route"},
+		"failOpen":          map[string]any{"fallbackServiceNamespaces": []any{"llm-route"}},
 		"replicaCount":      3,
 		"image":             map[string]any{"tag": "dev"},
 		"metrics":           map[string]any{"serviceMonitor": map[string]any{"enabled": true}},
@@ -266,7 +273,7 @@ func TestScopedRender(t *testing.T) {
 		}
 		rs := rules(t, role)
 		if got := verbs(rs, "", "services"); !slices.Equal(got, []string{"get", "list", "watch"}) {
-			t.Errorf("failOpen.manageFallbackServices=false: services verbs %v, want read-only", got)
+			t.Errorf("services verbs %v in the watch Role, want read-only", got)
 		}
 		if got := verbs(rs, "", "configmaps"); slices.Contains(got, "create") {
 			t.Errorf("configmaps verbs %v include create", got)
@@ -279,13 +286,23 @@ func TestScopedRender(t *testing.T) {
 	if rel.Find("ClusterRole", "", "ac-autoconfig-nodes") == nil {
 		t.Error("scoped install lacks the nodes ClusterRole")
 	}
+	fb := rel.Find("Role", "llm-route", "ac-autoconfig-fallback-services")
+	if fb == nil || rel.Find("RoleBinding", "llm-route", "ac-autoconfig-fallback-services") == nil {
+		t.Fatalf("no fallback-services Role+RoleBinding in llm-route: %v", rel.Kinds())
+	}
+	if got := verbs(rules(t, fb), "", "services"); !slices.Equal(got, []string{"create", "delete", "patch"}) {
+		t.Errorf("fallback services verbs %v", got)
+	}
+	if rel.Find("Role", "llm", "ac-autoconfig-fallback-services") != nil {
+		t.Error("fallback Service writes granted in a namespace not listed")
+	}
 	dep := rel.Find("Deployment", ns, "ac-autoconfig")
 	c := container(t, dep)
 	if c["image"] != "ghcr.io/modelsphere/autoconfig:dev" {
 		t.Errorf("image %v", c["image"])
 	}
 	args := strs(c["args"])
-	for _, want := range []string{"--watch-namespaces=llm-route,llm", "--log-level=debug", "--leader-elect=true"} {
+	for _, want := range []string{"--watch-namespaces=llm-route,llm", "--trusted-namespace=llm-route", "--log-level=debug", "--leader-elect=true"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %v lack %s", args, want)
 		}
@@ -329,7 +346,6 @@ func TestApplyToAPIServer(t *testing.T) {
 		{name: "scoped", ns: "ac-scoped", routeNS: "routes-scoped", outside: "elsewhere", values: map[string]any{
 			"watchNamespaces": []any{"routes-scoped"},
 			"replicaCount":    2,
-			"failOpen":        map[string]any{"manageFallbackServices": false},
 			"modelRoutes": []any{
 				map[string]any{"name": "wan-video", "namespace": "routes-scoped", "spec": sampleSpec(t, "modelroute-video.yaml")},
 			},
@@ -378,7 +394,10 @@ func TestApplyToAPIServer(t *testing.T) {
 				{tc.routeNS, "discovery.k8s.io", "endpointslices", "update", false},
 				{tc.routeNS, "routing.modelsphere.dev", "modelroutes", "create", false},
 				{tc.routeNS, "routing.modelsphere.dev", "modelroutes/status", "patch", true},
-				{tc.routeNS, "", "services", "create", tc.name == "wide"},
+				{tc.routeNS, "", "services", "create", false},
+				{tc.routeNS, "", "configmaps", "update", false},
+				{tc.routeNS, "routing.modelsphere.dev", "modelroutes", "update", false},
+				{tc.routeNS, "routing.modelsphere.dev", "modelroutes/status", "update", false},
 				{"", "", "nodes", "list", true},
 				{tc.ns, "coordination.k8s.io", "leases", "create", true},
 				{tc.ns, "coordination.k8s.io", "leases", "delete", false},
@@ -392,7 +411,7 @@ func TestApplyToAPIServer(t *testing.T) {
 			}
 
 			// Real requests as the ServiceAccount: an existing ConfigMap can
-			// be updated, a new one cannot be created.
+			// be patched, not replaced whole, and a new one cannot be created.
 			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tc.routeNS, Name: "openresty-conf"}}
 			if err := k8s.Create(ctx, cm); err != nil {
 				t.Fatal(err)
@@ -402,9 +421,13 @@ func TestApplyToAPIServer(t *testing.T) {
 			if err := as.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil {
 				t.Fatalf("get as the ServiceAccount: %v", err)
 			}
+			orig := got.DeepCopy()
 			got.Data = map[string]string{"session_route_x.conf": "# x\n"}
-			if err := as.Update(ctx, got); err != nil {
-				t.Errorf("update an existing ConfigMap as the ServiceAccount: %v", err)
+			if err := as.Patch(ctx, got, client.MergeFrom(orig)); err != nil {
+				t.Errorf("patch an existing ConfigMap as the ServiceAccount: %v", err)
+			}
+			if err := as.Update(ctx, got); !apierrors.IsForbidden(err) {
+				t.Errorf("update a ConfigMap as the ServiceAccount: %v, want Forbidden", err)
 			}
 			err := as.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: tc.routeNS, Name: "new"}})
 			if !apierrors.IsForbidden(err) {

@@ -41,7 +41,11 @@ func TestReconcileAsServiceAccount(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rel := render(t, release, ns, map[string]any{"watchNamespaces": []any{routes, backends}})
+	rel := render(t, release, ns, map[string]any{
+		"watchNamespaces":   []any{routes, backends},
+		"trustedNamespaces": []any{routes}, // the central route namespace reads the backends namespace
+		"failOpen":          map[string]any{"fallbackServiceNamespaces": []any{routes}},
+	})
 	for _, n := range []string{ns, routes, backends} {
 		if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
 			t.Fatal(err)
@@ -90,7 +94,17 @@ func TestReconcileAsServiceAccount(t *testing.T) {
 	must(t, err)
 	v, err := schema.Default()
 	must(t, err)
-	r := &controller.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Validator: v, Recorder: mgr.GetEventRecorder(controller.Name)}
+	// The flags the chart passes: --trusted-namespace from trustedNamespaces.
+	var trusted []string
+	for _, a := range strs(container(t, rel.Find("Deployment", ns, release+"-autoconfig"))["args"]) {
+		if v, ok := strings.CutPrefix(a, "--trusted-namespace="); ok {
+			trusted = strings.Split(v, ",")
+		}
+	}
+	if len(trusted) != 1 || trusted[0] != routes {
+		t.Fatalf("chart passes --trusted-namespace %v, want [%s]", trusted, routes)
+	}
+	r := &controller.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Validator: v, Recorder: mgr.GetEventRecorder(controller.Name), TrustedNamespaces: trusted}
 	mctx, stop := context.WithCancel(ctx)
 	must(t, r.SetupWithManager(mctx, mgr, 2))
 	done := make(chan error, 1)

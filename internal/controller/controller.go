@@ -71,6 +71,10 @@ type Reconciler struct {
 	// Namespaces are the namespaces the manager's cache watches
 	// (--namespace); empty = all. References elsewhere are reported.
 	Namespaces []string
+	// TrustedNamespaces are route namespaces whose routes may use Services
+	// and ConfigMaps in any namespace without a grant on them
+	// (--trusted-namespace: the platform team's central route namespace).
+	TrustedNamespaces []string
 
 	discovery *discovery.Reader
 	writer    *sink.Writer
@@ -126,7 +130,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	// nothing to write).
 	unwatched := r.checkNamespaces(st)
 	compiled := false
-	if len(unwatched) == 0 {
+	granted := len(unwatched) == 0
+	if granted {
+		var err error
+		if granted, err = r.checkServiceGrants(ctx, st); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if granted {
 		found, err := r.reconcileDiscovery(ctx, st)
 		if err != nil {
 			return ctrl.Result{}, err

@@ -91,8 +91,15 @@ func TestCrossNamespaceServiceAndDualStack(t *testing.T) {
 	endpointSlice(t, models, "llama-v6", "llama", v6, 8000, up("fd00::3:1"))
 	configMap(t, routes, "routes", nil, nil)
 	createRoute(t, newRoute(routes, "llama", models+"/llama"))
+	// The models namespace has not granted the routes namespace yet:
+	// nothing of it is read.
+	r := waitCondition(t, routes, "llama", metav1.ConditionFalse, ReasonNotPermitted)
+	if len(r.Status.BackendEndpoints) != 0 {
+		t.Fatalf("endpoints of an ungranted namespace in status: %v", r.Status.BackendEndpoints)
+	}
+	grantService(t, models, "llama", routes)
 	waitKey(t, routes, "routes", routeKey("llama"), []string{host("10.3.0.1"), host("fd00::3:1")}, nil)
-	r := waitCondition(t, routes, "llama", metav1.ConditionTrue, ReasonReconciled)
+	r = waitCondition(t, routes, "llama", metav1.ConditionTrue, ReasonReconciled)
 	if !slices.Equal(r.Status.BackendEndpoints, []string{"10.3.0.1:8000", "[fd00::3:1]:8000"}) {
 		t.Fatalf("backendEndpoints: %v", r.Status.BackendEndpoints)
 	}

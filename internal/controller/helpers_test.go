@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -450,4 +451,21 @@ func waitQuiet(t testing.TB, h *harness, metricBase float64, since map[types.Nam
 		done := reconciles(t) - metricBase
 		return done >= float64(total), fmt.Sprintf("%v of %d reconciles finished", done, total)
 	})
+}
+
+// grantService annotates Service ns/name to grant routeNS (the
+// allowed-route-namespaces annotation, as the Service's owner would).
+func grantService(t testing.TB, ns, name, routeNS string) {
+	t.Helper()
+	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var s corev1.Service
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
+			return err
+		}
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[sink.AllowedNamespacesAnnotation] = routeNS
+		return k8s.Update(context.Background(), &s)
+	}))
 }

@@ -144,7 +144,7 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 	r.waiting.set(client.ObjectKeyFromObject(st.route), waitOn)
 	if len(forbidden) > 0 {
 		st.block(ReasonNotPermitted, fmt.Sprintf(
-			"ConfigMap %s is in another namespace and does not allow routes from %q: add %q to its annotation %s (or \"*\"); nothing was written there",
+			"ConfigMap %s is in another namespace and does not allow routes from %q: add %q to its annotation %s (or \"*\"), or run the route in a namespace the controller trusts (--trusted-namespace, Helm value trustedNamespaces); nothing was written there",
 			strings.Join(forbidden, ", "), st.route.Namespace, st.route.Namespace, sink.AllowedNamespacesAnnotation), false)
 	}
 	if len(missing) > 0 {

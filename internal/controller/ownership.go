@@ -209,12 +209,12 @@ func (r *Reconciler) claims(ctx context.Context, ref string, cm *corev1.ConfigMa
 		}
 		return false, err
 	}
-	return claimant(&rt, cm, key), nil
+	return claimant(&rt, cm, key, r.TrustedNamespaces), nil
 }
 
 // claimant: rt is live, renders key into cm, and may write cm.
-func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) bool {
-	return rt.DeletionTimestamp.IsZero() && sink.Permitted(cm, rt.Namespace) &&
+func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string, trusted []string) bool {
+	return rt.DeletionTimestamp.IsZero() && sink.Granted(cm, rt.Namespace, trusted) &&
 		slices.Contains(outputKeyValues(rt), cm.Namespace+"/"+cm.Name+"|"+key)
 }
 
@@ -225,7 +225,7 @@ func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) bool {
 func (r *Reconciler) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) (first string, others int) {
 	best := route
 	for _, rt := range r.routesBy(ctx, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
-		if rt.UID == route.UID || !claimant(&rt, cm, key) {
+		if rt.UID == route.UID || !claimant(&rt, cm, key, r.TrustedNamespaces) {
 			continue
 		}
 		others++

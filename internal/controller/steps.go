@@ -17,6 +17,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -76,6 +77,52 @@ func (r *Reconciler) checkNamespaces(st *state) map[string]bool {
 			ns, strings.Join(r.Namespaces, ","), strings.Join(refs[ns], ", "), ns), false)
 	}
 	return out
+}
+
+// checkServiceGrants checks every Service the route references in another
+// namespace (discovery, CART, nginx entry) against that Service's grant
+// (sink.Granted: the allowed-route-namespaces annotation, or a trusted
+// route namespace). An ungranted one blocks discovery altogether, so
+// nothing of that namespace (endpoints, VIPs) is read into status or
+// rendered, and status drops what it showed; it reports false then.
+// Services that do not exist are left to discovery (ServiceNotFound).
+func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, error) {
+	refs := []struct{ ref, field string }{{st.spec.Spec.Discovery.Service, "spec.discovery.service"}}
+	if c := st.spec.Spec.Cart; c != nil {
+		refs = append(refs, struct{ ref, field string }{c.Service, "spec.cart.service"})
+	}
+	refs = append(refs, struct{ ref, field string }{st.spec.Spec.Nginx.Service, "spec.nginx.service"})
+	ok := true
+	for _, x := range refs {
+		if x.ref == "" {
+			continue
+		}
+		ns, name := routespec.SplitRef(x.ref, st.route.Namespace)
+		if ns == st.route.Namespace || slices.Contains(r.TrustedNamespaces, st.route.Namespace) {
+			continue
+		}
+		var svc corev1.Service
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("get service %s/%s: %w", ns, name, err)
+		}
+		if sink.Granted(&svc, st.route.Namespace, r.TrustedNamespaces) {
+			continue
+		}
+		ok = false
+		st.block(ReasonNotPermitted, fmt.Sprintf(
+			"Service %s/%s (%s) is in namespace %s, which has not granted namespace %s: nothing of it is read. Annotate the Service %s: %q (or \"*\"), or run the route in a namespace the controller trusts (--trusted-namespace, Helm value trustedNamespaces)",
+			ns, name, x.field, ns, st.route.Namespace, sink.AllowedNamespacesAnnotation, st.route.Namespace), false)
+	}
+	if !ok {
+		st.route.Status.BackendEndpoints = nil
+		st.route.Status.Backends = 0
+		st.route.Status.CartPeers = 0
+	}
+	return ok, nil
 }
 
 // reconcileDiscovery builds the endpoint snapshot; found reports backends.

@@ -30,6 +30,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -122,20 +123,32 @@ func (o Outcome) String() string {
 type Writer struct {
 	Client    client.Client
 	APIReader client.Reader
+	// Trusted are route namespaces that may write any ConfigMap (Granted).
+	Trusted []string
 }
 
-// Permitted says whether a route in routeNS may write cm.
-func Permitted(cm *corev1.ConfigMap, routeNS string) bool {
-	if cm.Namespace == routeNS {
+// Granted says whether a route in routeNS may use obj (read a Service,
+// write a ConfigMap): always in its own namespace; elsewhere when obj's
+// AllowedNamespacesAnnotation lists routeNS (or "*"), or when routeNS is
+// one of the namespaces the controller trusts (--trusted-namespace, for
+// the platform team's central route namespace).
+func Granted(obj metav1.Object, routeNS string, trusted []string) bool {
+	if obj.GetNamespace() == routeNS || slices.Contains(trusted, routeNS) {
 		return true
 	}
-	for _, ns := range strings.Split(cm.Annotations[AllowedNamespacesAnnotation], ",") {
+	for _, ns := range strings.Split(obj.GetAnnotations()[AllowedNamespacesAnnotation], ",") {
 		ns = strings.TrimSpace(ns)
 		if ns == "*" || (ns != "" && ns == routeNS) {
 			return true
 		}
 	}
 	return false
+}
+
+// Permitted says whether a route in routeNS may write cm, trusting no
+// namespace (Granted without trusted namespaces).
+func Permitted(cm *corev1.ConfigMap, routeNS string) bool {
+	return Granted(cm, routeNS, nil)
 }
 
 // Apply writes outputs (grouped by ConfigMap, in first-seen order) for a
@@ -297,7 +310,7 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 		}
 		return "", nil, nil, fmt.Errorf("get configmap %s: %w", key, err)
 	}
-	if !Permitted(&cm, routeNS) {
+	if !Granted(&cm, routeNS, w.Trusted) {
 		return NotPermitted, nil, nil, nil
 	}
 	ch, err := decide(&cm)
@@ -445,7 +458,7 @@ func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]st
 		case err != nil:
 			errs = append(errs, fmt.Errorf("get configmap %s: %w", ref, err))
 			continue
-		case !Permitted(&cm, routeNS):
+		case !Granted(&cm, routeNS, w.Trusted):
 			o.State = NotPermitted
 		case guard != nil:
 			for _, k := range o.Keys {

@@ -42,18 +42,28 @@ created (autoconfig writes only into consumers' existing ConfigMaps);
 Services are written only for FailOpen fallback Services, behind a toggle.
 */}}
 {{- define "autoconfig.namespacedRules" -}}
+# Routes: read and watched (cache); patch adds and removes the finalizer
+# (a merge patch with resourceVersion). No update, create or delete.
 - apiGroups: ["routing.modelsphere.dev"]
   resources: ["modelroutes"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
+# Status: written with one merge patch per reconcile.
 - apiGroups: ["routing.modelsphere.dev"]
   resources: ["modelroutes/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["get", "patch"]
+# A fallback Service's ownerReference to its route blocks the route's
+# deletion (blockOwnerDeletion), which the OwnerReferencesPermission-
+# Enforcement admission plugin allows only with update on finalizers.
 - apiGroups: ["routing.modelsphere.dev"]
   resources: ["modelroutes/finalizers"]
   verbs: ["update"]
+# Output ConfigMaps: read and watched (cache), written with per-key JSON
+# patches. Never created, updated whole or deleted.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
+# Discovery: EndpointSlices of a Service, or Pods by selector, and the
+# Services themselves (VIPs, ports, grants).
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
@@ -63,11 +73,7 @@ Services are written only for FailOpen fallback Services, behind a toggle.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch"]
-{{- if .Values.failOpen.manageFallbackServices }}
-- apiGroups: [""]
-  resources: ["services"]
-  verbs: ["create", "patch", "delete"]
-{{- end }}
+# Events on routes (Ready transitions).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
