@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -241,6 +242,33 @@ spec:
 		}
 		return svc.Spec.Selector["app"] == "sel" && strings.Contains(routeConf("session_route_sel.conf"), "server 10.1.0.9:8000 ")
 	})
+	// The same route in a namespace not in failOpen.fallbackServiceNamespaces
+	// (backends): the controller cannot be made to create a Service there;
+	// the route says so and renders without the VIP tier.
+	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "openresty-conf"}}))
+	must(t, k8s.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "sel-0", Labels: map[string]string{"app": "sel"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "m",
+			Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
+	}))
+	pod2 := &corev1.Pod{}
+	must(t, k8s.Get(ctx, client.ObjectKey{Namespace: backends, Name: "sel-0"}, pod2))
+	pod2.Status = pod.Status
+	must(t, k8s.Status().Update(ctx, pod2))
+	outside := sel.DeepCopy()
+	outside.ObjectMeta = metav1.ObjectMeta{Name: "sel", Namespace: backends}
+	must(t, admin.Create(ctx, outside))
+	waitFor("the outside route to report that it may not write Services", func() bool {
+		got := &v1alpha1.ModelRoute{}
+		must(t, admin.Get(ctx, client.ObjectKeyFromObject(outside), got))
+		c := meta.FindStatusCondition(got.Status.Conditions, controller.TypeFallbackServiceConflict)
+		return c != nil && c.Reason == controller.ReasonServiceNotPermitted
+	})
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: backends, Name: controller.FallbackServiceName("sel")}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a fallback Service was created outside failOpen.fallbackServiceNamespaces: %v", err)
+	}
+	must(t, admin.Delete(ctx, outside))
+
 	must(t, admin.Delete(ctx, sel))
 	waitFor("the fallback Service and the route's key removed", func() bool {
 		err := k8s.Get(ctx, fallback, &corev1.Service{})

@@ -158,6 +158,18 @@ func newHarness(t testing.TB, namespaces ...string) *harness {
 // newHarnessAs is newHarness with the manager's credentials in cfg.
 func newHarnessAs(t testing.TB, cfg *rest.Config, namespaces ...string) *harness {
 	t.Helper()
+	return newHarnessFull(t, cfg, nil, namespaces...)
+}
+
+// newHarnessWith is newHarness with trusted route namespaces
+// (--trusted-namespace).
+func newHarnessWith(t testing.TB, trusted, namespaces []string) *harness {
+	t.Helper()
+	return newHarnessFull(t, testCfg, trusted, namespaces...)
+}
+
+func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces ...string) *harness {
+	t.Helper()
 	skip := true
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 testScheme,
@@ -174,7 +186,7 @@ func newHarnessAs(t testing.TB, cfg *rest.Config, namespaces ...string) *harness
 		t.Fatal(err)
 	}
 	cc := &countingClient{Client: mgr.GetClient()}
-	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name), Namespaces: namespaces}
+	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name), Namespaces: namespaces, TrustedNamespaces: trusted}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := r.SetupWithManager(ctx, mgr, 4); err != nil {
 		t.Fatal(err)
