@@ -218,14 +218,14 @@ func TestNginxTrafficHealthProbe(t *testing.T) {
 	})
 	probed := backendTier
 	probed.ProbePath = "/healthz"
-	install(t, n, threeTierRoute("probe", map[string]string{"health_probe_interval_seconds": "0.1"}, probed),
+	install(t, n, threeTierRoute("probe", map[string]string{"health_probe_interval_seconds": "1"}, probed),
 		Snapshot{Backends: []Endpoint{a.endpoint(t), b.endpoint(t)}, BackendService: deadVIP(t), CartService: deadVIP(t)})
 	url := n.URL("probe") + "v1/chat"
 	if _, bodies := hammer(t, url, 30); bodies["pod-b"] == 0 {
 		t.Fatalf("healthy pod-b served nothing: %v", bodies)
 	}
 	sick.Store("b", true)
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // two probe intervals (the engine's least: 1 s)
 	fails, bodies := hammer(t, url, 60)
 	t.Logf("pod-b's probe answers 500: %d failures, served by %v", fails, bodies)
 	if fails != 0 || bodies["pod-b"] != 0 {
@@ -237,7 +237,7 @@ func TestNginxTrafficHealthProbe(t *testing.T) {
 		}
 	}
 	sick.Delete("b")
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond)
 	if _, bodies := hammer(t, url, 30); bodies["pod-b"] == 0 {
 		t.Errorf("pod-b's probe answers 200 again but it served nothing: %v", bodies)
 	}
@@ -295,13 +295,13 @@ func TestNginxTrafficIPv6Peer(t *testing.T) {
 	n := startNginx(t)
 	probed := backendTier
 	probed.ProbePath = "/healthz"
-	install(t, n, threeTierRoute("v6", map[string]string{"health_probe_interval_seconds": "0.1"}, probed),
+	install(t, n, threeTierRoute("v6", map[string]string{"health_probe_interval_seconds": "1"}, probed),
 		Snapshot{Backends: []Endpoint{{IP: "::1", Port: port, Ready: true}}, BackendService: deadVIP(t), CartService: deadVIP(t)})
 	fails, bodies := hammer(t, n.URL("v6")+"v1/chat", 30)
 	if fails != 0 || bodies["pod-v6"] != 30 {
 		t.Errorf("IPv6 peer: %d failures, %v", fails, bodies)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // more than one probe interval (1 s)
 	if probes.Load() == 0 {
 		t.Errorf("the health probe never reached the IPv6 peer")
 	}
@@ -309,5 +309,39 @@ func TestNginxTrafficIPv6Peer(t *testing.T) {
 		if p.Host == "::1" && !p.Healthy {
 			t.Errorf("IPv6 peer %+v: want healthy", p)
 		}
+	}
+}
+
+// TestNginxEngineOptionsClamped: engine options are free-form text in the
+// route's values; out-of-range numbers cannot break the shared nginx or
+// the route's own requests. The probe interval is at least 1 s (0 = off):
+// across many routes a 1 ms interval exhausted the workers'
+// connections ("1024 worker_connections are not enough"), found by the
+// property test at length; a negative ejection ttl was a dict error.
+func TestNginxEngineOptionsClamped(t *testing.T) {
+	n := startNginx(t)
+	var probes atomic.Int64
+	pod := newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			probes.Add(1)
+		}
+		fmt.Fprint(w, "pod")
+	})
+	probed := backendTier
+	probed.ProbePath = "/healthz"
+	dead := Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}
+	install(t, n, threeTierRoute("clamp", map[string]string{
+		"health_probe_interval_seconds": "0.001", "ejection_seconds": "-5", "max_ejection_percent": "900",
+		"max_tries": "1e308", "eject_consecutive_connect_failures": "-1",
+	}, probed), Snapshot{Backends: []Endpoint{pod.endpoint(t), dead}, BackendService: deadVIP(t), CartService: deadVIP(t)})
+	before := probes.Load()
+	time.Sleep(2 * time.Second)
+	// Two workers, one peer probed: at most about 2 probes a second.
+	if got := probes.Load() - before; got > 8 {
+		t.Errorf("%d probes in 2 s with health_probe_interval_seconds 0.001; want the 1 s floor", got)
+	}
+	fails, bodies := hammer(t, n.URL("clamp")+"v1/chat", 30)
+	if fails != 0 || bodies["pod"] == 0 {
+		t.Errorf("%d failures, %v", fails, bodies)
 	}
 }

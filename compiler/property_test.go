@@ -163,7 +163,13 @@ type propertyCheck struct {
 	names map[string]bool
 	// checked counts the accepted routes loaded; rejected the others.
 	checked, rejected int
+	// loaded are the routes whose files are in the nginx, oldest first.
+	loaded []*Route
 }
+
+// maxShared is how many route files the property test keeps loaded at
+// once (about what one shared ConfigMap holds).
+const maxShared = 300
 
 func newPropertyCheck(t *testing.T) *propertyCheck {
 	v, err := schema.Default()
@@ -200,6 +206,14 @@ func (p *propertyCheck) accept(name string, src []byte) *Route {
 func (p *propertyCheck) load(routes []*Route, srcs [][]byte) {
 	t := p.t
 	t.Helper()
+	// Keep at most maxShared routes in the nginx, as many as a shared
+	// ConfigMap holds: the oldest files go first.
+	for len(p.loaded) > maxShared {
+		if err := os.Remove(filepath.Join(p.n.RoutesDir(), RouteKey(p.loaded[0]))); err != nil {
+			t.Fatal(err)
+		}
+		p.loaded = p.loaded[1:]
+	}
 	for i, route := range routes {
 		res, err := Compile(route, normalized(p.snap), Options{SockDir: p.n.SockDir()})
 		if err != nil {
@@ -220,6 +234,7 @@ func (p *propertyCheck) load(routes []*Route, srcs [][]byte) {
 	if err := p.n.Test(); err != nil {
 		t.Fatalf("nginx -t refuses accepted routes: %v\nroutes:\n%s", err, joinSrcs(srcs))
 	}
+	p.loaded = append(p.loaded, routes...)
 	if err := p.n.Reload(); err != nil {
 		t.Fatalf("reload: %v\nroutes:\n%s", err, joinSrcs(srcs))
 	}

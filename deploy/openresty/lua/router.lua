@@ -22,7 +22,8 @@
 --     (default 10), never more than max_ejection_percent (default 50) of a
 --     backend tier's peers at once (a one-peer VIP tier is not capped);
 --   * active health probes on each tier's probe_path: GET every
---     health_probe_interval_seconds (engine option, default 5), 200 =
+--     health_probe_interval_seconds (engine option, default 5; 0 = off;
+--     at least 1, at most 3600), 200 =
 --     healthy, anything else or no answer = unhealthy (out of the pick
 --     until a probe answers 200); ngx.timer.every, started by the route's
 --     first registration in a worker;
@@ -96,8 +97,19 @@ end
 
 local function num(v, default)
   local n = tonumber(v)
-  if n == nil then return default end
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return default end
   return n
+end
+
+local function clamp(n, lo, hi)
+  if n < lo then return lo end
+  if n > hi then return hi end
+  return n
+end
+
+local function probe_interval(n)
+  if n <= 0 then return 0 end
+  return clamp(n, 1, 3600)
 end
 
 local function hex(s)
@@ -153,14 +165,20 @@ function M.register_route(route, options, tiers)
     store = store, shared = shared,
     fail_close = o.failure_mode == "FailClose",
     retry = o.retry_on == "connect-failure",
-    max_tries = math.max(1, math.floor(num(o.max_tries, 1))),
+    -- Numeric options are clamped to what keeps the shared nginx sound:
+    -- a route's values are free-form text, and one route must not be able
+    -- to exhaust the workers (a 1 ms probe timer across many routes ran
+    -- out of worker_connections) or break its own requests (a negative
+    -- ttl is an error in the dict).
+    max_tries = clamp(math.floor(num(o.max_tries, 1)), 1, 16),
     -- FailClose routes do not route around failed peers: no ejection
     -- unless the option asks for it.
-    eject_after = math.floor(num(o.eject_consecutive_connect_failures,
-      o.failure_mode == "FailClose" and 0 or 3)),
-    max_eject_pct = num(o.max_ejection_percent, 50),
-    eject_secs = num(o.ejection_seconds, 10),
-    probe_every = num(o.health_probe_interval_seconds, 5),
+    eject_after = math.max(0, math.floor(num(o.eject_consecutive_connect_failures,
+      o.failure_mode == "FailClose" and 0 or 3))),
+    max_eject_pct = clamp(num(o.max_ejection_percent, 50), 0, 100),
+    eject_secs = clamp(num(o.ejection_seconds, 10), 1, 86400),
+    -- 0 or less turns probing off; otherwise at least every second.
+    probe_every = probe_interval(num(o.health_probe_interval_seconds, 5)),
     rr = 0,
   }
   routes[route] = r
