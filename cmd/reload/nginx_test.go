@@ -242,3 +242,51 @@ func TestNginxStaleSocketAfterKill9(t *testing.T) {
 		t.Fatalf("stale sockets removed %v, want 1", v)
 	}
 }
+
+// TestNginxFloodDoesNotPostponeReloads: another route's file rewritten
+// every 100 ms for 6 s (a steady writer) used to postpone every reload
+// until the writes stopped, because the debounce waited for quiet without
+// a bound. With --max-delay 1s, a change made during the flood is served
+// while the flood still runs, and the flood costs about one reload per
+// max-delay.
+func TestNginxFloodDoesNotPostponeReloads(t *testing.T) {
+	n, dir := startNginx(t, func(n *nginxtest.Nginx) map[string]string {
+		return map[string]string{routeFile("a"): routeConf(n, "a", "a0"), routeFile("b"): routeConf(n, "b", "b1")}
+	})
+	base := hups(n)
+	startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--debounce", "250ms", "--max-delay", "1s")
+	const flood = 6 * time.Second
+	done := make(chan struct{})
+	start := time.Now()
+	b := "b1"
+	var bChanged time.Time
+	go func() {
+		defer close(done)
+		for i := 1; time.Since(start) < flood; i++ {
+			if b == "b1" && time.Since(start) > time.Second {
+				b, bChanged = "b2", time.Now()
+			}
+			reloadtest.KubeletSwap(t, dir, map[string]string{routeFile("a"): routeConf(n, "a", fmt.Sprintf("a%d", i)), routeFile("b"): routeConf(n, "b", b)})
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	var served time.Time
+	reloadtest.WaitFor(t, wait, "route b to serve b2", func() bool {
+		_, got := nginxtest.Get(t, n.URL("b"))
+		if got == "b2\n" {
+			served = time.Now()
+			return true
+		}
+		return false
+	})
+	floodRunning := time.Since(start) < flood
+	<-done
+	h := hups(n) - base
+	t.Logf("flood of %s with a write every 100 ms: b2 served %s after its write (max-delay 1s); %d reloads during the flood", flood, served.Sub(bChanged).Round(time.Millisecond), h)
+	if !floodRunning {
+		t.Errorf("b2 was served only after the flood ended (%s after its write): the flood postponed the reload", served.Sub(bChanged))
+	}
+	if limit := int(flood/time.Second) + 2; h > limit {
+		t.Errorf("%d reloads during a %s flood with max-delay 1s, want at most %d", h, flood, limit)
+	}
+}

@@ -20,6 +20,13 @@ import (
 // kubelet, and keeps API mode well under one second end to end.
 const DefaultDebounce = 250 * time.Millisecond
 
+// DefaultMaxDelay bounds how long a seen change may wait for quiet: a
+// steady writer (another key of the same ConfigMap rewritten every 140 ms)
+// otherwise postpones every reload for as long as it writes. 2 s is eight
+// debounces: bursts still coalesce, a flood costs at most one reload every
+// 2 s, and no change waits longer than 2 s plus one reload.
+const DefaultMaxDelay = 2 * time.Second
+
 // DefaultVerifyTimeout bounds the wait for new worker pids after a HUP.
 // nginx reloads in 14–210 ms for 7–306 routes, but a stale socket makes
 // bind() retry for about 2.5 s before the reload is aborted; 5 s covers a
@@ -51,6 +58,7 @@ type Options struct {
 	CheckCmd      string
 	Signal        string
 	Debounce      time.Duration
+	MaxDelay      time.Duration
 	VerifyTimeout time.Duration
 	CheckTimeout  time.Duration
 	SockSweep     time.Duration
@@ -70,6 +78,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CheckCmd, "check-cmd", "", `validation command run before signalling (e.g. "nginx -t -q -p /usr/local/openresty/nginx/ -c conf/nginx.conf"); split on spaces, quotes group; a non-zero exit means no signal`)
 	fs.StringVar(&o.Signal, "signal", "HUP", "signal to send (HUP, USR1, USR2, …); only HUP is verified by worker pids")
 	fs.DurationVar(&o.Debounce, "debounce", DefaultDebounce, "quiet time before a change is acted on (coalesces bursts)")
+	fs.DurationVar(&o.MaxDelay, "max-delay", DefaultMaxDelay, "longest a change waits for quiet: under a steady stream of writes a change is still acted on this long after it was first seen (at least --debounce)")
 	fs.DurationVar(&o.VerifyTimeout, "verify-timeout", DefaultVerifyTimeout, "how long to wait for new worker pids after a HUP before reporting the reload failed")
 	fs.DurationVar(&o.CheckTimeout, "check-timeout", DefaultCheckTimeout, "bound of one --check-cmd run")
 	fs.DurationVar(&o.SockSweep, "sock-sweep", DefaultSockSweep, "with --sock-dir: how often to check whether the target was replaced or is gone, and then remove stale sockets")
@@ -119,6 +128,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 {
 		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout and --sock-sweep must be positive"))
+	}
+	if o.MaxDelay < o.Debounce {
+		errs = append(errs, fmt.Errorf("--max-delay %s must be at least --debounce %s", o.MaxDelay, o.Debounce))
 	}
 	return errors.Join(errs...)
 }

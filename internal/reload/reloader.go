@@ -43,13 +43,16 @@ type Outcome struct {
 // Reloader turns settled changes of Dirs into validated, verified signals
 // to the process matching Process. Fields are read-only after Run starts.
 type Reloader struct {
-	Dirs          []string       // directories watched and fingerprinted
-	Process       string         // --process
-	SockDir       string         // --sock-dir, "" = no socket cleanup
-	CheckCmd      []string       // --check-cmd argv, nil = no check
-	CheckTimeout  time.Duration  // bound of one check run
-	Signal        syscall.Signal // default SIGHUP
-	Debounce      time.Duration
+	Dirs         []string       // directories watched and fingerprinted
+	Process      string         // --process
+	SockDir      string         // --sock-dir, "" = no socket cleanup
+	CheckCmd     []string       // --check-cmd argv, nil = no check
+	CheckTimeout time.Duration  // bound of one check run
+	Signal       syscall.Signal // default SIGHUP
+	Debounce     time.Duration
+	// MaxDelay bounds the wait for quiet: a change is acted on at most
+	// this long after it was first seen, however many events follow.
+	MaxDelay      time.Duration
 	VerifyTimeout time.Duration
 	// SockSweep is how often, with SockDir, the target's pid is checked;
 	// when it changed or the target is gone, stale sockets are removed
@@ -78,6 +81,9 @@ func (r *Reloader) defaults() {
 	}
 	if r.Debounce <= 0 {
 		r.Debounce = DefaultDebounce
+	}
+	if r.MaxDelay < r.Debounce {
+		r.MaxDelay = max(DefaultMaxDelay, r.Debounce)
 	}
 	if r.VerifyTimeout <= 0 {
 		r.VerifyTimeout = DefaultVerifyTimeout
@@ -126,13 +132,23 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
-	r.Log.Info("watching", "dirs", r.Dirs, "process", r.Process, "debounce", r.Debounce)
+	r.Log.Info("watching", "dirs", r.Dirs, "process", r.Process, "debounce", r.Debounce, "maxDelay", r.MaxDelay)
 	if r.Started != nil {
 		close(r.Started)
 	}
 
 	timer := time.NewTimer(r.Debounce)
 	timer.Stop()
+	// pending is when the first event not yet acted on was seen: the
+	// debounce restarts on every event, but never beyond pending+MaxDelay.
+	var pending time.Time
+	settle := func() {
+		now := time.Now()
+		if pending.IsZero() {
+			pending = now
+		}
+		timer.Reset(max(0, min(r.Debounce, pending.Add(r.MaxDelay).Sub(now))))
+	}
 	var sweep <-chan time.Time
 	if r.SockDir != "" {
 		t := time.NewTicker(r.SockSweep)
@@ -160,20 +176,23 @@ func (r *Reloader) Run(ctx context.Context) error {
 				return errors.New("watcher closed")
 			}
 			r.Log.Debug("fs event", "name", ev.Name, "op", ev.Op.String())
-			timer.Reset(r.Debounce)
+			settle()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("watcher closed")
 			}
 			// An overflow loses events: look at the directories anyway.
 			r.Log.Warn("watch error; rescanning", "err", err)
-			timer.Reset(r.Debounce)
+			settle()
 		case <-timer.C:
 			if swapInProgress(r.Dirs) {
+				// A kubelet swap takes a millisecond or two: look again
+				// soon, even past MaxDelay.
 				r.Log.Debug("..data_tmp present: swap in progress, waiting")
-				timer.Reset(r.Debounce)
+				timer.Reset(min(r.Debounce, 10*time.Millisecond))
 				continue
 			}
+			pending = time.Time{}
 			fp, err := Fingerprint(r.Dirs)
 			if err != nil {
 				r.Log.Error("cannot read watched directories; will retry on the next change", "err", err)

@@ -83,7 +83,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	r := &Reloader{
 		Dirs: dirs, Process: o.Process, SockDir: o.SockDir, CheckCmd: check, CheckTimeout: o.CheckTimeout,
-		Signal: sig, Debounce: o.Debounce, VerifyTimeout: o.VerifyTimeout, SockSweep: o.SockSweep, ProcRoot: o.ProcRoot,
+		Signal: sig, Debounce: o.Debounce, MaxDelay: o.MaxDelay, VerifyTimeout: o.VerifyTimeout, SockSweep: o.SockSweep, ProcRoot: o.ProcRoot,
 		Log: log, Metrics: m,
 	}
 
