@@ -202,16 +202,7 @@ spec:
 	// on deletion removes) its owned fallback Service, as the ServiceAccount.
 	// Selector discovery reads pods in the route's namespace; the test
 	// plays kubelet and sets the pod's status.
-	must(t, k8s.Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "sel-0", Labels: map[string]string{"app": "sel"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "m",
-			Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
-	}))
-	pod := &corev1.Pod{}
-	must(t, k8s.Get(ctx, client.ObjectKey{Namespace: routes, Name: "sel-0"}, pod))
-	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.0.9", PodIPs: []corev1.PodIP{{IP: "10.1.0.9"}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	must(t, k8s.Status().Update(ctx, pod))
+	readySelPod(ctx, t, routes)
 	sel := &v1alpha1.ModelRoute{}
 	must(t, yaml.Unmarshal([]byte(`
 apiVersion: routing.modelsphere.dev/v1alpha1
@@ -246,15 +237,7 @@ spec:
 	// (backends): the controller cannot be made to create a Service there;
 	// the route says so and renders without the VIP tier.
 	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "openresty-conf"}}))
-	must(t, k8s.Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "sel-0", Labels: map[string]string{"app": "sel"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "m",
-			Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
-	}))
-	pod2 := &corev1.Pod{}
-	must(t, k8s.Get(ctx, client.ObjectKey{Namespace: backends, Name: "sel-0"}, pod2))
-	pod2.Status = pod.Status
-	must(t, k8s.Status().Update(ctx, pod2))
+	readySelPod(ctx, t, backends)
 	outside := sel.DeepCopy()
 	outside.ObjectMeta = metav1.ObjectMeta{Name: "sel", Namespace: backends}
 	must(t, admin.Create(ctx, outside))
@@ -297,4 +280,20 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// readySelPod creates pod sel-0 (app=sel, port 8000) in ns and sets its
+// status as a kubelet would: running, Ready, IP 10.1.0.9.
+func readySelPod(ctx context.Context, t *testing.T, ns string) {
+	t.Helper()
+	must(t, k8s.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sel-0", Labels: map[string]string{"app": "sel"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "m",
+			Ports: []corev1.ContainerPort{{ContainerPort: 8000}}}}},
+	}))
+	pod := &corev1.Pod{}
+	must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sel-0"}, pod))
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.0.9", PodIPs: []corev1.PodIP{{IP: "10.1.0.9"}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	must(t, k8s.Status().Update(ctx, pod))
 }

@@ -93,10 +93,10 @@ func (r *Reconciler) dropUnsafeMonitor(ctx context.Context, st *state, outputs [
 	if user == "" {
 		return outputs
 	}
+	key := compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))
 	st.block(ReasonMonitorInNginxConfigMap, fmt.Sprintf(
 		"spec.monitor.outputConfigMap %s is the nginx output ConfigMap of ModelRoute %s: openresty includes every *.conf key there, so the monitor file %s would be loaded as nginx configuration; nothing is written there (and a monitor file written earlier is removed): write the monitor lines to the monitoring agent's own ConfigMap",
-		cm, user, compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))), false)
-	key := compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))
+		cm, user, key), false)
 	return slices.DeleteFunc(slices.Clone(outputs), func(o compiler.Output) bool { return o.ConfigMap == cm && o.Key == key })
 }
 

@@ -145,12 +145,6 @@ func Granted(obj metav1.Object, routeNS string, trusted []string) bool {
 	return false
 }
 
-// Permitted says whether a route in routeNS may write cm, trusting no
-// namespace (Granted without trusted namespaces).
-func Permitted(cm *corev1.ConfigMap, routeNS string) bool {
-	return Granted(cm, routeNS, nil)
-}
-
 // Apply writes outputs (grouped by ConfigMap, in first-seen order) for a
 // route in routeNS; guard (nil = allow all) decides per key. The error is
 // for API failures worth a retry; per ConfigMap states are in the outcomes.

@@ -191,24 +191,27 @@ func TestMissingNotPermittedRemove(t *testing.T) {
 	}
 }
 
-func TestPermitted(t *testing.T) {
+func TestGranted(t *testing.T) {
 	cm := func(ns, ann string) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Annotations: map[string]string{AllowedNamespacesAnnotation: ann}}}
 	}
 	for _, c := range []struct {
-		cm   *corev1.ConfigMap
-		ns   string
-		want bool
+		cm      *corev1.ConfigMap
+		ns      string
+		trusted []string
+		want    bool
 	}{
-		{cm("a", ""), "a", true},
-		{cm("a", ""), "b", false},
-		{cm("a", "*"), "b", true},
-		{cm("a", "x, b ,y"), "b", true},
-		{cm("a", "bb"), "b", false},
-		{cm("a", ","), "", false},
+		{cm("a", ""), "a", nil, true},
+		{cm("a", ""), "b", nil, false},
+		{cm("a", "*"), "b", nil, true},
+		{cm("a", "x, b ,y"), "b", nil, true},
+		{cm("a", "bb"), "b", nil, false},
+		{cm("a", ","), "", nil, false},
+		{cm("a", ""), "b", []string{"b"}, true},
+		{cm("a", ""), "b", []string{"bb", "c"}, false},
 	} {
-		if got := Permitted(c.cm, c.ns); got != c.want {
-			t.Errorf("Permitted(%s %q, %s) = %v", c.cm.Namespace, c.cm.Annotations[AllowedNamespacesAnnotation], c.ns, got)
+		if got := Granted(c.cm, c.ns, c.trusted); got != c.want {
+			t.Errorf("Granted(%s %q, %s, trusted %v) = %v", c.cm.Namespace, c.cm.Annotations[AllowedNamespacesAnnotation], c.ns, c.trusted, got)
 		}
 	}
 }
