@@ -169,10 +169,17 @@ func TestAPIMode(t *testing.T) {
 		t.Fatal("the file of a removed key is still there")
 	}
 
-	// A broken update: written, checked, not signalled.
+	// A broken update: b's new version fails the check, so it is
+	// quarantined: its last good version stays on disk and keeps serving.
 	a.update(t, map[string]string{routeFile("b"): brokenRoute(n, "b")})
-	s.waitCount(t, 1, "result=check_failed")
+	s.waitCount(t, 1, "quarantined:", "key="+routeFile("b"), "no_such_directive")
 	wantServes(t, n, "b", "b1")
+	if got, err := os.ReadFile(filepath.Join(dir, routeFile("b"))); err != nil || string(got) != routeConf(n, "b", "b1") {
+		t.Fatalf("quarantined b on disk: %q, %v; want its last good version", got, err)
+	}
+	if v := s.metric(t, `autoconfig_reload_quarantined_keys`); v != 1 {
+		t.Fatalf("quarantined_keys %v, want 1", v)
+	}
 
 	// Deleting the ConfigMap keeps the last content.
 	if err := a.admin.CoreV1().ConfigMaps(apiNamespace).Delete(context.Background(), apiConfigMap, metav1.DeleteOptions{}); err != nil {
@@ -185,7 +192,9 @@ func TestAPIMode(t *testing.T) {
 	if strings.Contains(s.log.String(), "forbidden") {
 		t.Fatalf("the sidecar hit an RBAC denial:\n%s", s.log.String())
 	}
-	if v := s.metric(t, `autoconfig_reload_configmap_writes_total{result="written"}`); v != 4 {
-		t.Fatalf("configmap writes %v, want 4", v)
+	// initial, update, removal, and for the broken update the trial and
+	// the return to the last good version.
+	if v := s.metric(t, `autoconfig_reload_configmap_writes_total{result="written"}`); v != 5 {
+		t.Fatalf("configmap writes %v, want 5", v)
 	}
 }

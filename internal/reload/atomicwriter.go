@@ -23,7 +23,8 @@ import (
 //     stays valid across swaps); links of keys that disappeared are removed;
 //  4. the previous timestamped directory is removed.
 //
-// It returns false without touching dir when the content is unchanged.
+// It returns false without writing content when it is unchanged (missing
+// key links are still created).
 func WriteAtomic(dir string, files map[string][]byte, now time.Time) (bool, error) {
 	for k := range files {
 		if err := validKey(k); err != nil {
@@ -39,7 +40,9 @@ func WriteAtomic(dir string, files map[string][]byte, now time.Time) (bool, erro
 		return false, err
 	}
 	if oldTs != "" && sameContent(filepath.Join(dir, oldTs), files) {
-		return false, nil
+		// The links are fixed even so: a write that failed after the swap
+		// (a key's path blocked) is completed by the retry.
+		return false, linkKeys(dir, files)
 	}
 
 	tsDir, err := os.MkdirTemp(dir, ".."+now.UTC().Format(timestampDirFn))

@@ -16,6 +16,9 @@ const (
 	ResultNoProcess   = "no_process"   // nothing matched --process: not signalled
 	ResultAmbiguous   = "ambiguous"    // several processes matched: not signalled
 	ResultError       = "error"        // /proc unreadable, signal refused, …: not signalled
+	// ResultContentChanged: the content changed between the check and the
+	// signal: not signalled, the new content is checked.
+	ResultContentChanged = "content_changed"
 )
 
 // Metrics of the sidecar, registered on a private registry.
@@ -28,6 +31,7 @@ type Metrics struct {
 	ReloadDuration     prometheus.Histogram
 	ConfigMapWrites    *prometheus.CounterVec
 	LastConfigMapWrite prometheus.Gauge
+	QuarantinedKeys    prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them on reg with
@@ -36,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reloads_total",
-			Help: "Reload attempts by result: success, failed (workers unchanged), signalled (unverifiable target), check_failed, no_process, ambiguous, error.",
+			Help: "Reload attempts by result: success, failed (workers unchanged), signalled (unverifiable target), check_failed, content_changed (between check and signal: not signalled), no_process, ambiguous, error.",
 		}, []string{"result"}),
 		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "last_reload_success_timestamp_seconds",
@@ -67,11 +71,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "last_configmap_write_timestamp_seconds",
 			Help: "API mode: Unix time of the last write into --write-dir.",
 		}),
+		QuarantinedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "quarantined_keys",
+			Help: "API mode with --check-cmd: keys whose new version fails the check; their last good version stays on disk and the other keys are loaded.",
+		}),
 	}
-	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError} {
+	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError, ResultContentChanged} {
 		m.Reloads.WithLabelValues(r)
 	}
 	prometheus.WrapRegistererWithPrefix(MetricsPrefix, reg).MustRegister(
-		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite)
+		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys)
 	return m
 }

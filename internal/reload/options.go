@@ -27,6 +27,21 @@ const DefaultDebounce = 250 * time.Millisecond
 // 2 s, and no change waits longer than 2 s plus one reload.
 const DefaultMaxDelay = 2 * time.Second
 
+// DefaultResync is how often the content is compared with what the target
+// last loaded without waiting for an event (prometheus-operator's
+// config-reloader does the same): a lost inotify event, a reload refused
+// for a transient reason (a check timing out under load), a quarantined key
+// that passes now. One fingerprint of at most a ConfigMap's 1 MiB a minute
+// costs nothing; a content the check refuses is checked again once a minute.
+const DefaultResync = time.Minute
+
+// DefaultRetryMax caps the backoff (0.5 s, doubling) of retries after an
+// error that says nothing about the content: no or several target
+// processes, unreadable directories, a failed write, a refused signal. 30 s
+// keeps a long outage quiet in the logs and still serves the change within
+// half a minute of the cause going away.
+const DefaultRetryMax = 30 * time.Second
+
 // DefaultVerifyTimeout bounds the wait for new worker pids after a HUP.
 // nginx reloads in 14–210 ms for 7–306 routes, but a stale socket makes
 // bind() retry for about 2.5 s before the reload is aborted; 5 s covers a
@@ -62,6 +77,8 @@ type Options struct {
 	VerifyTimeout time.Duration
 	CheckTimeout  time.Duration
 	SockSweep     time.Duration
+	Resync        time.Duration
+	RetryMax      time.Duration
 	MetricsAddr   string
 	ProcRoot      string
 
@@ -82,6 +99,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.VerifyTimeout, "verify-timeout", DefaultVerifyTimeout, "how long to wait for new worker pids after a HUP before reporting the reload failed")
 	fs.DurationVar(&o.CheckTimeout, "check-timeout", DefaultCheckTimeout, "bound of one --check-cmd run")
 	fs.DurationVar(&o.SockSweep, "sock-sweep", DefaultSockSweep, "with --sock-dir: how often to check whether the target was replaced or is gone, and then remove stale sockets")
+	fs.DurationVar(&o.Resync, "resync", DefaultResync, "how often the content is compared with what the target last loaded without an event (lost events, a refused content tried again, quarantined keys); also the API-mode informer's resync")
+	fs.DurationVar(&o.RetryMax, "retry-max", DefaultRetryMax, "longest wait between retries after an error (no target process, unreadable directory, failed write); retries start at 0.5s and double")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9102", `address of /metrics, /healthz and /readyz ("" disables)`)
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
@@ -126,8 +145,8 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--check-cmd: %w", err))
 		}
 	}
-	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 {
-		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout and --sock-sweep must be positive"))
+	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 || o.Resync <= 0 || o.RetryMax <= 0 {
+		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout, --sock-sweep, --resync and --retry-max must be positive"))
 	}
 	if o.MaxDelay < o.Debounce {
 		errs = append(errs, fmt.Errorf("--max-delay %s must be at least --debounce %s", o.MaxDelay, o.Debounce))

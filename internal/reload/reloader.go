@@ -35,9 +35,14 @@ type Outcome struct {
 	Err     error
 	Started time.Time     // when the settled change was acted on
 	Elapsed time.Duration // until the result was known
-	// Fingerprint of the directories' content this attempt was for
-	// (empty for a direct ReloadOnce call).
+	// Fingerprint of the directories' content this attempt was for.
 	Fingerprint string
+	// Keys are the watched files the failing check's output names
+	// (check_failed only).
+	Keys []string
+	// Quarantined are, in API mode, the keys whose refused new version is
+	// held back (their last good version is on disk).
+	Quarantined []string
 }
 
 // Reloader turns settled changes of Dirs into validated, verified signals
@@ -54,6 +59,13 @@ type Reloader struct {
 	// this long after it was first seen, however many events follow.
 	MaxDelay      time.Duration
 	VerifyTimeout time.Duration
+	// Resync is how often the content is compared with what the target
+	// last loaded even without an event; it also retries a content the
+	// check or the target refused.
+	Resync time.Duration
+	// RetryMax caps the backoff of retries after an error (no process,
+	// unreadable directories, a failed write, a refused signal).
+	RetryMax time.Duration
 	// SockSweep is how often, with SockDir, the target's pid is checked;
 	// when it changed or the target is gone, stale sockets are removed
 	// without waiting for a configuration change.
@@ -64,16 +76,37 @@ type Reloader struct {
 	Now       func() time.Time
 	Log       *slog.Logger
 	Metrics   *Metrics
+
+	// Source, in API mode, supplies the content written into WriteDir
+	// (which is one of Dirs). Nil in mounted mode.
+	Source   Source
+	WriteDir string
+	// Write shows files in a directory (default WriteAtomic).
+	Write func(dir string, files map[string][]byte, now time.Time) (bool, error)
+	// Snapshot reads the watched directories (default TakeSnapshot).
+	Snapshot func(dirs []string) (Snapshot, error)
+
 	// OnReload, if set, is called after every attempt (tests, benchmarks).
 	OnReload func(Outcome)
-	// OnSettle, if set, is called each time the directories went quiet,
-	// with whether their visible content changed (tests).
+	// OnSettle, if set, is called each time the directories were looked
+	// at, with whether their visible content is new (tests).
 	OnSettle func(changed bool)
 	// Started, if set, is closed once the watches are in place.
 	Started chan struct{}
 
-	lastPID int // target seen by the last socket sweep (0 = none)
+	// State, owned by Run's goroutine.
+	lastPID    int               // target seen by the last socket sweep (0 = none)
+	loaded     string            // fingerprint of the content the target last loaded
+	checked    string            // fingerprint of a content that passed the check
+	seen       string            // fingerprint last counted as a change
+	applied    map[string][]byte // API mode: the accepted content WriteDir shows
+	appliedFor string            // API mode: version of the desired content applied
+	quarantine map[string]quarantined
 }
+
+// retryMin is the first retry delay after an error; it doubles up to
+// RetryMax.
+const retryMin = 500 * time.Millisecond
 
 func (r *Reloader) defaults() {
 	if r.Signal == 0 {
@@ -90,6 +123,12 @@ func (r *Reloader) defaults() {
 	}
 	if r.SockSweep <= 0 {
 		r.SockSweep = DefaultSockSweep
+	}
+	if r.Resync <= 0 {
+		r.Resync = DefaultResync
+	}
+	if r.RetryMax <= 0 {
+		r.RetryMax = DefaultRetryMax
 	}
 	if r.CheckTimeout <= 0 {
 		r.CheckTimeout = DefaultCheckTimeout
@@ -112,7 +151,23 @@ func (r *Reloader) defaults() {
 	if r.Metrics == nil {
 		r.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
+	if r.Write == nil {
+		r.Write = WriteAtomic
+	}
+	if r.Snapshot == nil {
+		r.Snapshot = TakeSnapshot
+	}
 }
+
+// next is what the loop does after an attempt.
+type next int
+
+const (
+	nextDone   next = iota // the target serves what the directories show, or nothing changed
+	nextSettle             // the content moved during the attempt: settle and look again
+	nextRetry              // an error: retry with backoff, even without a change
+	nextResync             // a verdict on this content (check failed, reload refused): retried at the resync tick or on a change
+)
 
 // Run watches Dirs until ctx is done. The content present at start is taken
 // as already loaded by the target: only later changes reload.
@@ -128,17 +183,26 @@ func (r *Reloader) Run(ctx context.Context) error {
 			return fmt.Errorf("watch %s: %w", d, err)
 		}
 	}
-	last, err := Fingerprint(r.Dirs)
+	snap, err := r.Snapshot(r.Dirs)
 	if err != nil {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
-	r.Log.Info("watching", "dirs", r.Dirs, "process", r.Process, "debounce", r.Debounce, "maxDelay", r.MaxDelay)
+	r.loaded, r.seen = snap.Fingerprint, snap.Fingerprint
+	var changes <-chan struct{}
+	if r.Source != nil {
+		if r.applied, err = readFiles(r.WriteDir); err != nil {
+			return fmt.Errorf("read --write-dir: %w", err)
+		}
+		changes = r.Source.Changed()
+	}
+	r.Log.Info("watching", "dirs", r.Dirs, "process", r.Process, "debounce", r.Debounce, "maxDelay", r.MaxDelay, "resync", r.Resync)
 	if r.Started != nil {
 		close(r.Started)
 	}
 
 	timer := time.NewTimer(r.Debounce)
 	timer.Stop()
+	defer timer.Stop()
 	// pending is when the first event not yet acted on was seen: the
 	// debounce restarts on every event, but never beyond pending+MaxDelay.
 	var pending time.Time
@@ -149,6 +213,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 		}
 		timer.Reset(max(0, min(r.Debounce, pending.Add(r.MaxDelay).Sub(now))))
 	}
+	var backoff time.Duration
+	force := false
+	resync := time.NewTicker(r.Resync)
+	defer resync.Stop()
 	var sweep <-chan time.Time
 	if r.SockDir != "" {
 		t := time.NewTicker(r.SockSweep)
@@ -184,6 +252,16 @@ func (r *Reloader) Run(ctx context.Context) error {
 			// An overflow loses events: look at the directories anyway.
 			r.Log.Warn("watch error; rescanning", "err", err)
 			settle()
+		case <-changes:
+			r.Log.Debug("configmap content changed")
+			settle()
+		case <-resync.C:
+			// A lost event, a refused content worth another try, a
+			// quarantined key that may pass now: look again.
+			force = true
+			if pending.IsZero() {
+				timer.Reset(0)
+			}
 		case <-timer.C:
 			if swapInProgress(r.Dirs) {
 				// A kubelet swap takes a millisecond or two: look again
@@ -193,61 +271,94 @@ func (r *Reloader) Run(ctx context.Context) error {
 				continue
 			}
 			pending = time.Time{}
-			fp, err := Fingerprint(r.Dirs)
-			if err != nil {
-				r.Log.Error("cannot read watched directories; will retry on the next change", "err", err)
-				continue
+			n := r.attempt(ctx, force)
+			force = false
+			switch n {
+			case nextDone, nextResync:
+				backoff = 0
+			case nextSettle:
+				settle()
+			case nextRetry:
+				backoff = min(max(2*backoff, retryMin), r.RetryMax)
+				r.Log.Info("retrying", "in", backoff)
+				timer.Reset(backoff)
 			}
-			if fp == last {
-				r.Log.Debug("events without a visible change; not reloading")
-				if r.OnSettle != nil {
-					r.OnSettle(false)
-				}
-				continue
-			}
-			// Recorded before the attempt: a failed attempt is retried on
-			// the next change, not on every stray event.
-			last = fp
-			r.Metrics.Changes.Inc()
-			if r.OnSettle != nil {
-				r.OnSettle(true)
-			}
-			r.reloadFor(ctx, fp)
 		}
 	}
 }
 
-// ReloadOnce finds the target, runs the check, cleans sockets, signals and
-// verifies; it logs and counts the outcome and returns it.
-func (r *Reloader) ReloadOnce(ctx context.Context) Outcome {
-	r.defaults()
-	return r.reloadFor(ctx, "")
+// attempt brings the target to the content the directories show (in API
+// mode after writing the desired content there).
+func (r *Reloader) attempt(ctx context.Context, force bool) next {
+	if r.Source != nil {
+		if n := r.apply(ctx, force); n != nextDone {
+			return n
+		}
+	}
+	snap, err := r.Snapshot(r.Dirs)
+	if err != nil {
+		r.Metrics.Reloads.WithLabelValues(ResultError).Inc()
+		r.Log.Error("cannot read the watched directories; retrying", "err", err)
+		return nextRetry
+	}
+	if snap.Fingerprint == r.loaded {
+		r.Log.Debug("the target already serves this content; not reloading")
+		if r.OnSettle != nil {
+			r.OnSettle(false)
+		}
+		return nextDone
+	}
+	if snap.Fingerprint != r.seen {
+		r.seen = snap.Fingerprint
+		r.Metrics.Changes.Inc()
+		if r.OnSettle != nil {
+			r.OnSettle(true)
+		}
+	}
+	o := r.reloadFor(ctx, snap)
+	switch o.Result {
+	case ResultSuccess, ResultSignalled:
+		r.loaded = snap.Fingerprint
+		return nextDone
+	case ResultContentChanged:
+		return nextSettle
+	case ResultCheckFailed, ResultFailed:
+		return nextResync
+	default:
+		return nextRetry
+	}
 }
 
-func (r *Reloader) reloadFor(ctx context.Context, fp string) Outcome {
+func (r *Reloader) reloadFor(ctx context.Context, snap Snapshot) Outcome {
 	start := r.Now()
-	o := r.reload(ctx)
-	o.Started, o.Elapsed, o.Fingerprint = start, r.Now().Sub(start), fp
+	o := r.reload(ctx, snap)
+	o.Started, o.Elapsed, o.Fingerprint = start, r.Now().Sub(start), snap.Fingerprint
+	o.Quarantined = r.quarantinedKeys()
 	r.Metrics.Reloads.WithLabelValues(o.Result).Inc()
 	r.Metrics.LastAttempt.Set(float64(r.Now().Unix()))
 	if o.Result == ResultSuccess || o.Result == ResultSignalled {
 		r.Metrics.LastSuccess.Set(float64(r.Now().Unix()))
 	}
-	if o.PID != 0 {
+	if o.PID != 0 && o.Result != ResultContentChanged {
 		r.Metrics.ReloadDuration.Observe(o.Elapsed.Seconds())
 	}
-	log := r.Log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond), "content", shortFP(fp))
+	log := r.Log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond), "content", shortFP(snap.Fingerprint))
+	if len(o.Quarantined) > 0 {
+		log = log.With("quarantined", o.Quarantined)
+	}
 	switch o.Result {
 	case ResultSuccess:
 		log.Info("reloaded: new worker processes are running")
 	case ResultSignalled:
 		log.Info("signalled; the target has no child processes, so the reload cannot be verified")
 	case ResultFailed:
-		log.Error("reload failed: worker processes did not change, the old configuration keeps serving; see the target's error log", "err", o.Err)
+		log.Error("reload failed: worker processes did not change, the old configuration keeps serving; see the target's error log; retried at the next change or resync", "err", o.Err)
 	case ResultCheckFailed:
-		log.Error("configuration check failed; not signalling, the old configuration keeps serving", "err", o.Err)
+		log.Error("configuration check failed; not signalling, the old configuration keeps serving; retried at the next change or resync", "keys", o.Keys, "err", o.Err)
+	case ResultContentChanged:
+		log.Info("the content changed between the check and the signal; not signalling, checking the new content")
 	default:
-		log.Error("not reloaded; will retry on the next change", "err", o.Err)
+		log.Error("not reloaded; retrying", "err", o.Err)
 	}
 	if r.OnReload != nil {
 		r.OnReload(o)
@@ -255,7 +366,7 @@ func (r *Reloader) reloadFor(ctx context.Context, fp string) Outcome {
 	return o
 }
 
-func (r *Reloader) reload(ctx context.Context) Outcome {
+func (r *Reloader) reload(ctx context.Context, snap Snapshot) Outcome {
 	procs, err := ListProcesses(r.ProcRoot)
 	if err != nil {
 		return Outcome{Result: ResultError, Err: err}
@@ -271,11 +382,13 @@ func (r *Reloader) reload(ctx context.Context) Outcome {
 	}
 	o := Outcome{PID: target.PID}
 
-	if len(r.CheckCmd) > 0 {
+	checked := false
+	if len(r.CheckCmd) > 0 && snap.Fingerprint != r.checked {
 		if err := r.check(ctx); err != nil {
-			o.Result, o.Err = ResultCheckFailed, err
+			o.Result, o.Err, o.Keys = ResultCheckFailed, err, failingKeys(err.Error(), r.Dirs)
 			return o
 		}
+		checked = true
 	}
 	if r.SockDir != "" {
 		r.cleanSockets()
@@ -283,6 +396,17 @@ func (r *Reloader) reload(ctx context.Context) Outcome {
 
 	r.lastPID = target.PID
 	before := Children(r.ProcRoot, target.PID)
+	// The check ran on the content the snapshot names only if that is
+	// still what the directories show: a kubelet "..data" target is never
+	// modified, so the same target means the same bytes. Taken last, right
+	// before the signal.
+	if id, err := ContentID(r.Dirs); err != nil || id != snap.ID {
+		o.Result, o.Err = ResultContentChanged, fmt.Errorf("content %q checked, %q in place now (%v)", snap.ID, id, err)
+		return o
+	}
+	if checked {
+		r.checked = snap.Fingerprint
+	}
 	if err := r.Signaller.Signal(target.PID, r.Signal); err != nil {
 		o.Result, o.Err = ResultError, fmt.Errorf("signal %d: %w", target.PID, err)
 		return o

@@ -177,24 +177,113 @@ func TestNoVisibleChangeNoReload(t *testing.T) {
 	}
 }
 
-func TestNoMatchThenRetryOnNextChange(t *testing.T) {
+// TestNoProcessIsRetriedWithoutAChange: a change seen while the target is
+// not running used to be forgotten until the next change (its fingerprint
+// was recorded before the attempt). It is retried with backoff, so the
+// target is signalled once it runs, with no further change.
+func TestNoProcessIsRetriedWithoutAChange(t *testing.T) {
 	dir := t.TempDir()
 	name := uniqueName("cache-aware-router")
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, RetryMax: time.Second})
 
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultNoProcess {
 		t.Fatalf("got %+v, want no_process", o)
 	}
-	if v := counterValue(t, h.r.Metrics, ResultNoProcess); v != 1 {
-		t.Fatalf("reloads_total{result=no_process} = %v, want 1", v)
-	}
 	cart := reloadtest.StartHUPCounter(t, name)
-	reloadtest.KubeletSwap(t, dir, routeFiles(2))
+	reloadtest.WaitFor(t, wait, "the retried HUP", func() bool { return cart.Count() == 1 })
+	if v := counterValue(t, h.r.Metrics, ResultNoProcess); v < 1 {
+		t.Fatalf("reloads_total{result=no_process} = %v, want at least 1", v)
+	}
+	last := h.Outcomes()[len(h.Outcomes())-1]
+	if last.Result != ResultSignalled || last.PID != cart.PID() {
+		t.Fatalf("last attempt %+v, want signalled to %d", last, cart.PID())
+	}
+}
+
+// TestUnreadableDirectoriesAreRetried: a failed read of the directories
+// (injected: the first three snapshots after the change fail) is retried
+// until it succeeds, with no further change.
+func TestUnreadableDirectoriesAreRetried(t *testing.T) {
+	dir := t.TempDir()
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	var calls, failed atomic.Int32
+	r := &Reloader{Dirs: []string{dir}, Process: name, RetryMax: time.Second}
+	r.Snapshot = func(dirs []string) (Snapshot, error) {
+		if calls.Add(1) > 1 && failed.Load() < 3 { // the first call is the startup read
+			failed.Add(1)
+			return Snapshot{}, fmt.Errorf("injected read failure %d", failed.Load())
+		}
+		return TakeSnapshot(dirs)
+	}
+	h := startReloader(t, r)
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	h.waitOutcomeFor(t, dir)
+	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+	if failed.Load() != 3 {
+		t.Fatalf("%d injected failures, want 3", failed.Load())
+	}
+	if v := counterValue(t, h.r.Metrics, ResultError); v != 3 {
+		t.Fatalf("reloads_total{result=error} = %v, want 3", v)
+	}
+}
+
+// TestRefusedContentIsCheckedAgainAtResync: a check that fails for a
+// reason outside the content (here a flag file; in life a timeout under
+// load) is tried again at the resync tick, so the content is loaded once
+// the cause is gone, without a further change.
+func TestRefusedContentIsCheckedAgainAtResync(t *testing.T) {
+	dir := t.TempDir()
+	flag := filepath.Join(t.TempDir(), "busy")
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond,
+		CheckCmd: []string{"bash", "-c", `[ ! -e "$0" ] || { echo "check: busy"; exit 1; }`, flag}})
+
+	reloadtest.KubeletSwap(t, dir, routeFiles(1))
+	if o := h.waitOutcomeFor(t, dir); o.Result != ResultCheckFailed {
+		t.Fatalf("got %+v, want check_failed", o)
+	}
+	if err := os.Remove(flag); err != nil {
+		t.Fatal(err)
+	}
+	reloadtest.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
+}
+
+// TestResyncCatchesALostEvent: a change the watcher did not report (the
+// watch is removed here, as an overflow or a lost inotify event would) is
+// still loaded at the next resync tick.
+func TestResyncCatchesALostEvent(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "routes")
+	other := filepath.Join(parent, "other")
+	for _, d := range []string{dir, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := uniqueName("cache-aware-router")
+	cart := reloadtest.StartHUPCounter(t, name)
+	// The content is read through a symlink the watcher does not follow:
+	// writes behind it produce no event in the watched directory.
+	if err := os.Symlink(filepath.Join(other, "config.yaml"), filepath.Join(dir, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "config.yaml"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond})
+	if err := os.WriteFile(filepath.Join(other, "config.yaml"), []byte("v2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reloadtest.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultSignalled {
 		t.Fatalf("got %+v, want signalled", o)
 	}
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
 }
 
 func TestAmbiguousMatchSignalsNobody(t *testing.T) {

@@ -73,7 +73,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
 			return fmt.Errorf("--write-dir: %w", err)
 		}
-		cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Dir: o.WriteDir, Log: log, Metrics: m, Synced: make(chan struct{})}
+		cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Resync: o.Resync, Log: log, Synced: make(chan struct{})}
 		dirs = append(dirs, o.WriteDir)
 	}
 	for _, d := range dirs {
@@ -84,7 +84,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	r := &Reloader{
 		Dirs: dirs, Process: o.Process, SockDir: o.SockDir, CheckCmd: check, CheckTimeout: o.CheckTimeout,
 		Signal: sig, Debounce: o.Debounce, MaxDelay: o.MaxDelay, VerifyTimeout: o.VerifyTimeout, SockSweep: o.SockSweep, ProcRoot: o.ProcRoot,
-		Log: log, Metrics: m,
+		Resync: o.Resync, RetryMax: o.RetryMax, Log: log, Metrics: m,
+	}
+	if cmSync != nil {
+		r.Source, r.WriteDir = cmSync, o.WriteDir
 	}
 
 	var watching atomic.Bool

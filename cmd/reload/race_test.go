@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/reload"
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+)
+
+// witness is the real kill(2), recording what the watched directory held
+// when the signal was sent: the "..data" target is read right before and
+// right after the kill, and the route file of that target right before.
+// A target that changed in between is counted as undecided, not as bad.
+type witness struct {
+	dir, file string
+	mu        sync.Mutex
+	good, bad int
+	undecided int
+}
+
+func (w *witness) Signal(pid int, sig syscall.Signal) error {
+	t0, _ := os.Readlink(filepath.Join(w.dir, "..data"))
+	content, rerr := os.ReadFile(filepath.Join(w.dir, t0, w.file))
+	err := syscall.Kill(pid, sig)
+	t1, _ := os.Readlink(filepath.Join(w.dir, "..data"))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case t0 != t1 || rerr != nil:
+		w.undecided++
+	case strings.Contains(string(content), "no_such_directive"):
+		w.bad++
+	default:
+		w.good++
+	}
+	return err
+}
+
+func (w *witness) counts() (good, bad, undecided int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.good, w.bad, w.undecided
+}
+
+// TestSwapRaceNeverSignalsUncheckedContent: "..data" is swapped between a
+// good and a bad version (bad = refused by nginx -t) at intervals from 0
+// to 300 ms while the sidecar checks and signals a real nginx. The check
+// must be bound to the content that is then signalled: no SIGHUP may be
+// sent while bad content is in place. Before the content identity was
+// re-read right before the signal, a swap during the check (nginx -t takes
+// tens of milliseconds) led to signalling content nobody had checked.
+func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
+	dir := t.TempDir()
+	n := nginxtest.Start(t, nginxtest.Options{RoutesDir: dir})
+	file := "session_route_a.conf"
+	good := func(i int) map[string]string {
+		return map[string]string{file: fmt.Sprintf("server {\n    listen unix:%s;\n    location / { return 200 \"g%d\\n\"; }\n}\n", n.SockPath("a"), i)}
+	}
+	bad := map[string]string{file: fmt.Sprintf("server {\n    listen unix:%s;\n    no_such_directive on;\n}\n", n.SockPath("a"))}
+	reloadtest.KubeletSwap(t, dir, good(0))
+	if err := n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	w := &witness{dir: dir, file: file}
+	// nginx -t reads this one small file in a few milliseconds; on a
+	// shared nginx with 300 routes it takes about 160 ms. The sleep after
+	// the real check gives it that length.
+	check := append([]string{"bash", "-c", `"$@" && sleep 0.15`, "check"}, n.TestCommand()...)
+	h := runReloader(t, &reload.Reloader{Dirs: []string{dir}, Process: n.MasterMatch(), CheckCmd: check,
+		Debounce: 20 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Signaller: w})
+
+	intervals := []time.Duration{0, 10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
+	const perInterval = 34 // 204 swaps
+	swaps := 0
+	for _, iv := range intervals {
+		for j := 0; j < perInterval; j++ {
+			swaps++
+			if swaps%2 == 0 {
+				reloadtest.KubeletSwap(t, dir, good(swaps))
+			} else {
+				reloadtest.KubeletSwap(t, dir, bad)
+			}
+			time.Sleep(iv)
+		}
+	}
+	// End on good content: it must be served.
+	swaps++
+	reloadtest.KubeletSwap(t, dir, good(swaps))
+	reloadtest.WaitFor(t, wait, "the last good version to be served", func() bool {
+		_, body := nginxtest.Get(t, n.URL("a"))
+		return body == fmt.Sprintf("g%d\n", swaps)
+	})
+	g, b, u := w.counts()
+	results := map[string]int{}
+	for _, o := range h.outcomes() {
+		results[o.Result]++
+	}
+	t.Logf("%d swaps at intervals %v: %d signals with checked good content in place, %d with bad content, %d undecided; attempts by result %v",
+		swaps, intervals, g, b, u, results)
+	if b != 0 {
+		t.Errorf("%d SIGHUPs were sent while content refused by the check was in place", b)
+	}
+	if g+b+u < 5 {
+		t.Errorf("only %d signals over %d swaps: the race was not exercised", g+b+u, swaps)
+	}
+}
+
+// inProcess is a Reloader run in the test process (to wrap its Signaller
+// or inject failures), recording its outcomes.
+type inProcess struct {
+	mu  sync.Mutex
+	out []reload.Outcome
+}
+
+func (p *inProcess) outcomes() []reload.Outcome {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]reload.Outcome(nil), p.out...)
+}
+
+func runReloader(t *testing.T, r *reload.Reloader) *inProcess {
+	t.Helper()
+	p := &inProcess{}
+	r.OnReload = func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() }
+	r.Started = make(chan struct{})
+	if r.Log == nil {
+		sink := &logSink{}
+		r.Log = slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("reloader log:\n%s", sink.String())
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reloader: %v", err)
+		}
+	})
+	select {
+	case <-r.Started:
+	case err := <-done:
+		t.Fatalf("reloader stopped: %v", err)
+	}
+	return p
+}
+
+// logSink keeps the reloader's log; it is printed when the test fails.
+type logSink struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
