@@ -143,10 +143,7 @@ func StartHUPCounter(t testing.TB, argv0 string) *HUPCounter {
 	if err := c.cmd.Start(); err != nil {
 		t.Fatalf("start HUP counter: %v", err)
 	}
-	t.Cleanup(func() {
-		c.cmd.Process.Signal(syscall.SIGTERM)
-		c.cmd.Wait()
-	})
+	t.Cleanup(c.Stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {
@@ -157,6 +154,12 @@ func StartHUPCounter(t testing.TB, argv0 string) *HUPCounter {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Stop ends the counter (SIGTERM) and waits for it.
+func (c *HUPCounter) Stop() {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	c.cmd.Wait()
 }
 
 // PID is the counter's pid.
