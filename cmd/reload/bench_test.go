@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,5 +91,77 @@ func waitServesB(b *testing.B, n *nginxtest.Nginx, body string, at *time.Time) {
 			b.Fatalf("route a never served %q", body)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// BenchmarkChangeToServed measures mounted mode end to end with the
+// default timing (--debounce 250ms, --max-delay 2s, nginx -t as check): a
+// kubelet swap changing route b until nginx serves it, on a quiet volume
+// and while another key of the same ConfigMap is rewritten every 100 ms
+// (a steady writer). Without --max-delay the flood postponed every reload
+// until it stopped.
+func BenchmarkChangeToServed(b *testing.B) {
+	for _, flood := range []time.Duration{0, 100 * time.Millisecond} {
+		name := "quiet"
+		if flood > 0 {
+			name = "flood=" + flood.String()
+		}
+		b.Run(name, func(b *testing.B) {
+			dir := b.TempDir()
+			n := nginxtest.Start(b, nginxtest.Options{RoutesDir: dir})
+			var mu sync.Mutex
+			files := map[string]string{routeFile("a"): routeConf(n, "a", "a0"), routeFile("b"): routeConf(n, "b", "b0")}
+			swap := func(key, body string) {
+				mu.Lock()
+				defer mu.Unlock()
+				files[routeFile(key)] = routeConf(n, key, body)
+				reloadtest.KubeletSwap(b, dir, files)
+			}
+			swap("a", "a0")
+			if err := n.Reload(); err != nil {
+				b.Fatal(err)
+			}
+			startSidecar(b, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n), "--log-level=info")
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if flood == 0 {
+					return
+				}
+				for i := 1; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(flood):
+						swap("a", fmt.Sprintf("a%d", i))
+					}
+				}
+			}()
+			var ds []time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				body := fmt.Sprintf("b%d", i+1)
+				t0 := time.Now()
+				swap("b", body)
+				deadline := t0.Add(wait)
+				for {
+					if _, got := nginxtest.Get(b, n.URL("b")); got == body+"\n" {
+						ds = append(ds, time.Since(t0))
+						break
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("route b never served %q", body)
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+				// Changes arrive at random points of the debounce cycle.
+				time.Sleep(time.Duration(rand.Int64N(int64(500 * time.Millisecond))))
+			}
+			b.StopTimer()
+			close(stop)
+			<-done
+			reportLatencies(b, ds)
+		})
 	}
 }

@@ -256,7 +256,9 @@ func TestNginxFloodDoesNotPostponeReloads(t *testing.T) {
 		return map[string]string{routeFile("a"): routeConf(n, "a", "a0"), routeFile("b"): routeConf(n, "b", "b1")}
 	})
 	base := hups(n)
-	startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--debounce", "250ms", "--max-delay", "1s")
+	// With the check: a check that loses the race with the flood (the
+	// content moved under it) must not start a new max-delay wait.
+	startSidecar(t, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n), "--debounce", "250ms", "--max-delay", "1s")
 	const flood = 6 * time.Second
 	done := make(chan struct{})
 	start := time.Now()

@@ -270,6 +270,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 				timer.Reset(min(r.Debounce, 10*time.Millisecond))
 				continue
 			}
+			first := pending
 			pending = time.Time{}
 			n := r.attempt(ctx, force)
 			force = false
@@ -277,7 +278,15 @@ func (r *Reloader) Run(ctx context.Context) error {
 			case nextDone, nextResync:
 				backoff = 0
 			case nextSettle:
-				settle()
+				// The content moved under the check. It has waited its
+				// debounce already: look again at once (or when the
+				// first wait would have ended), not after another
+				// max-delay, or a steady writer could starve it.
+				if first.IsZero() {
+					first = time.Now()
+				}
+				pending = first
+				timer.Reset(max(0, min(r.Debounce, pending.Add(r.MaxDelay).Sub(time.Now()))))
 			case nextRetry:
 				backoff = min(max(2*backoff, retryMin), r.RetryMax)
 				r.Log.Info("retrying", "in", backoff)
