@@ -66,3 +66,28 @@ func TestApplyEnv(t *testing.T) {
 		t.Fatal(EnvName("check-cmd"))
 	}
 }
+
+func TestValidateTiming(t *testing.T) {
+	parse := func(args ...string) error {
+		var o Options
+		fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.AddFlags(fs)
+		if err := fs.Parse(append([]string{"--process", "x", "--watch", "/w"}, args...)); err != nil {
+			return err
+		}
+		return o.Validate()
+	}
+	if err := parse(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for _, c := range []struct{ args []string }{
+		{[]string{"--resync", "0s"}},
+		{[]string{"--retry-max", "0s"}},
+		{[]string{"--debounce", "3s"}}, // beyond the default --max-delay 2s
+	} {
+		if err := parse(c.args...); err == nil {
+			t.Errorf("%v accepted", c.args)
+		}
+	}
+}
