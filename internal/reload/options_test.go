@@ -2,6 +2,7 @@ package reload
 
 import (
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -90,4 +91,19 @@ func TestValidateTiming(t *testing.T) {
 			t.Errorf("%v accepted", c.args)
 		}
 	}
+}
+
+// TestDocsListEveryFlag keeps docs/reload.md's flag table complete.
+func TestDocsListEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/reload.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := pflag.NewFlagSet("reload", pflag.ContinueOnError)
+	(&Options{}).AddFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !strings.Contains(string(doc), "| `--"+f.Name) {
+			t.Errorf("docs/reload.md's flag table has no row for --%s", f.Name)
+		}
+	})
 }
