@@ -115,7 +115,7 @@ func heldKeys(outcomes []sink.Outcome) map[string][]string {
 // which ConfigMaps the route waits on; written reports whether any output
 // holds the current render.
 func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (written bool) {
-	var missing, forbidden, failed, tooLarge, conflicts, foreign, waitOn, rbac []string
+	var missing, forbidden, failed, tooLarge, rejected, conflicts, foreign, waitOn, rbac []string
 	for _, o := range outcomes {
 		c, f := keyProblems(o.Blocked)
 		conflicts, foreign = append(conflicts, c...), append(foreign, f...)
@@ -138,6 +138,9 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 				o.ConfigMap, o.Err, ns))
 		case sink.TooLarge:
 			tooLarge = append(tooLarge, o.Err.Error())
+			waitOn = append(waitOn, o.ConfigMap)
+		case sink.Rejected:
+			rejected = append(rejected, fmt.Sprintf("the API server refused the write of ConfigMap %s as invalid (%v); nothing was written, and the same write is not sent again until the spec or that ConfigMap changes", o.ConfigMap, o.Err))
 			waitOn = append(waitOn, o.ConfigMap)
 		}
 	}
@@ -163,6 +166,9 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 	}
 	for _, m := range tooLarge {
 		st.block(ReasonOutputTooLarge, m, false)
+	}
+	for _, m := range rejected {
+		st.block(ReasonOutputRejected, m, false)
 	}
 	if len(failed) > 0 {
 		st.block(ReasonRenderFailed, strings.Join(failed, "; "), false)

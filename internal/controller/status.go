@@ -65,6 +65,9 @@ const (
 	ReasonMonitorInNginxConfigMap = "MonitorInNginxConfigMap"
 	// ReasonOutputTooLarge: the write would take a ConfigMap over 1 MiB.
 	ReasonOutputTooLarge = "OutputTooLarge"
+	// ReasonOutputRejected: the API server refused the written ConfigMap
+	// as invalid (not a stale read); the same write is not sent again.
+	ReasonOutputRejected = "OutputRejected"
 	// ReasonOutputForbidden: the API server refused the controller's
 	// read or write of an output ConfigMap (RBAC).
 	ReasonOutputForbidden = "OutputForbidden"
@@ -86,7 +89,7 @@ type problem struct {
 var precedence = []string{
 	ReasonNamespaceNotWatched, ReasonServiceNotFound, ReasonPortNotDerivable, ReasonNoBackends,
 	ReasonCompileFailed, ReasonMonitorInNginxConfigMap, ReasonOutputConfigMapMissing, ReasonNotPermitted, ReasonOutputForbidden, ReasonOutputConflict,
-	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonRenderFailed,
+	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonOutputRejected, ReasonRenderFailed,
 }
 
 // block records a problem.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,4 +174,73 @@ func TestForbidden(t *testing.T) {
 	if err != nil || res[0].State != Forbidden || !strings.Contains(res[0].Err.Error(), `User "reader" cannot patch resource "configmaps"`) {
 		t.Fatalf("%v %v", res, err)
 	}
+}
+
+// callCounter counts every ConfigMap read and patch, failed or not.
+type callCounter struct {
+	client.Client
+	gets, patches atomic.Int64
+}
+
+func (c *callCounter) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.gets.Add(1)
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *callCounter) Patch(ctx context.Context, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+	c.patches.Add(1)
+	return c.Client.Patch(ctx, obj, p, opts...)
+}
+
+// TestInvalidWriteIsNotRetriedAsAFailedTest: the API server answers both a
+// failed JSON-patch test and an invalid ConfigMap with 422. Only the first
+// means our read was behind; the second used to be retried like it (eight
+// GETs and eight patches per reconcile, then an error, requeued forever).
+// Now an invalid write is tried once more on a fresh read and then
+// reported Rejected with the API's words; a stale read is still retried.
+func TestInvalidWriteIsNotRetriedAsAFailedTest(t *testing.T) {
+	ns := setup(t, map[string]string{"a.conf": "1"}, nil)
+	ctx := context.Background()
+	c := &callCounter{Client: k8s}
+	w := &Writer{Client: c, APIReader: c}
+	res, err := w.Apply(ctx, ns, []compiler.Output{out(ns, "bad/key.conf", "x")}, nil)
+	if err != nil || len(res) != 1 || res[0].State != Rejected || !strings.Contains(res[0].Err.Error(), "a valid config key must consist of") {
+		t.Fatalf("apply: %v %v", res, err)
+	}
+	if g, p := c.gets.Load(), c.patches.Load(); p > 2 || g > 2 {
+		t.Fatalf("%d GETs and %d patches for an invalid write, want at most 2 each", g, p)
+	}
+
+	// A stale read (the key changed underneath): the test fails, and the
+	// fresh read renders from the new value.
+	stale := get(t, ns)
+	cur := get(t, ns)
+	cur.Data["a.conf"] = "2"
+	if err := k8s.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	err = k8s.Patch(ctx, stale, client.RawPatch(jsonPatch, []byte(`[{"op":"test","path":"/data/a.conf","value":"1"}]`)))
+	if !patchNotApplicable(err) {
+		t.Fatalf("a failed test is not recognised: %v", err)
+	}
+	r := &staleReader{Client: k8s, stale: stale}
+	w = &Writer{Client: r, APIReader: k8s}
+	res, err = w.Apply(ctx, ns, []compiler.Output{{ConfigMap: ns + "/cm", Key: "a.conf", Render: func(in []byte) ([]byte, error) { return append(in, '+'), nil }}}, nil)
+	if err != nil || res[0].State != Written {
+		t.Fatalf("apply on a stale read: %v %v", res, err)
+	}
+	if got := get(t, ns).Data["a.conf"]; got != "2+" {
+		t.Fatalf("a.conf = %q, want 2+ (rendered from the fresh read)", got)
+	}
+}
+
+// staleReader serves one stale copy of the ConfigMap (a cache behind).
+type staleReader struct {
+	client.Client
+	stale *corev1.ConfigMap
+}
+
+func (s *staleReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	s.stale.DeepCopyInto(obj.(*corev1.ConfigMap))
+	return nil
 }

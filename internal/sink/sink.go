@@ -70,6 +70,11 @@ const (
 	// Forbidden: the API server refused the write for the controller's
 	// identity (RBAC); nothing was written (Err has the API's words).
 	Forbidden State = "Forbidden"
+	// Rejected: the API server refused the patched ConfigMap as invalid
+	// (an invalid key name, a size limit it counts differently); nothing
+	// was written and, since the same write would fail the same way, it is
+	// not retried (Err has the API's words).
+	Rejected State = "Rejected"
 )
 
 // MaxSize is the API server's limit on a ConfigMap's data: the sum of the
@@ -259,9 +264,22 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change changeF
 	)
 	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
 		state, renderErr, blocked, patchErr = w.tryUpdate(ctx, reader, key, routeNS, change)
-		if patchErr != nil && w.APIReader != nil && (apierrors.IsConflict(patchErr) || apierrors.IsInvalid(patchErr)) {
+		switch {
+		case patchErr == nil:
+			return true, nil
+		case w.APIReader != nil && (apierrors.IsConflict(patchErr) || patchNotApplicable(patchErr)):
 			reader = w.APIReader // read the truth and redo
 			return false, nil
+		case apierrors.IsInvalid(patchErr):
+			// The patched object is invalid. Our read may have been
+			// behind (another writer grew the ConfigMap past the size
+			// check): read the truth once; a second refusal is final.
+			if w.APIReader != nil && reader != w.APIReader {
+				reader = w.APIReader
+				return false, nil
+			}
+			state, renderErr, patchErr = Rejected, patchErr, nil
+			return true, nil
 		}
 		return true, patchErr
 	})
@@ -272,6 +290,22 @@ func (w *Writer) update(ctx context.Context, ref, routeNS string, change changeF
 		return "", nil, nil, err
 	}
 	return state, renderErr, blocked, nil
+}
+
+// patchNotApplicable reports whether the API server could not apply our
+// JSON patch to the current object (a test op failed, a removed key was
+// gone): our read was behind, and a fresh read and render fix it. The API
+// server answers it with 422 Invalid like a validation error, but without
+// the object's kind or any cause, while a validation error of the patched
+// ConfigMap (Too long, an invalid key) names ConfigMap and the field —
+// retrying that would send the same refused write again.
+func patchNotApplicable(err error) bool {
+	var s apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &s) {
+		return false
+	}
+	d := s.Status().Details
+	return d == nil || (d.Kind == "" && len(d.Causes) == 0)
 }
 
 // change is what a changeFunc decided for one ConfigMap.
