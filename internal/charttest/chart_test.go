@@ -212,7 +212,7 @@ func TestDefaultRender(t *testing.T) {
 		t.Errorf("image = %v, want the appVersion tag", c["image"])
 	}
 	args := strs(c["args"])
-	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns} {
+	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns, "--kube-api-qps=50", "--kube-api-burst=100"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %v lack %s", args, want)
 		}
