@@ -230,15 +230,16 @@ func TestTwentyRoutesShareOneConfigMap(t *testing.T) {
 		}
 		return true, ""
 	})
-	// One write per key change: no lost update, no redundant rewrite.
+	// At most one write per key change (no lost update, no redundant
+	// rewrite); the batched writer folds concurrent ones together.
 	var names []types.NamespacedName
 	for i := range n {
 		names = append(names, types.NamespacedName{Namespace: ns, Name: fmt.Sprintf("m%02d", i)})
 	}
 	waitQuiet(t, h, base, nil, names...)
 	t.Logf("ConfigMap writes for 40 key changes: %d (conflicts retried: %d)", h.c.cmWrites.Load(), h.c.cmConflicts.Load())
-	if w := h.c.cmWrites.Load(); w != 40 {
-		t.Fatalf("%d ConfigMap writes for 40 key changes", w)
+	if w := h.c.cmWrites.Load(); w < 2 || w > 40 {
+		t.Fatalf("%d ConfigMap writes for 40 key changes, want 2 to 40", w)
 	}
 }
 

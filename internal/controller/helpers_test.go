@@ -89,7 +89,11 @@ func (c *countingClient) started() (map[types.NamespacedName]int, int) {
 }
 
 func (c *countingClient) count(obj client.Object, err error) error {
-	if _, ok := obj.(*corev1.ConfigMap); ok {
+	_, isCM := obj.(*corev1.ConfigMap)
+	if m, ok := obj.(*metav1.PartialObjectMetadata); ok && m.Kind == "ConfigMap" {
+		isCM = true // the batched writer patches with a metadata-only response
+	}
+	if isCM {
 		switch {
 		case err == nil:
 			c.cmWrites.Add(1)

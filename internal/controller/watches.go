@@ -56,7 +56,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		r.APIReader = mgr.GetAPIReader()
 	}
 	r.discovery = &discovery.Reader{Client: r.Client}
-	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces}
+	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}

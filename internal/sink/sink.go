@@ -26,6 +26,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -130,6 +132,16 @@ type Writer struct {
 	APIReader client.Reader
 	// Trusted are route namespaces that may write any ConfigMap (Granted).
 	Trusted []string
+	// Window, when set, makes the Writer the one writer of each
+	// ConfigMap: the changes of the routes sharing it that arrive within
+	// Window go out as one patch (DefaultBatchWindow). Zero writes each
+	// route's change on its own.
+	Window time.Duration
+	// Batches counts the batched flushes (tests, metrics).
+	Batches atomic.Int64
+
+	mu  sync.Mutex
+	cms map[string]*cmWriter
 }
 
 // Granted says whether a route in routeNS may use obj (read a Service,
@@ -162,15 +174,14 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 		}
 		byCM[o.ConfigMap] = append(byCM[o.ConfigMap], o)
 	}
-	var res []Outcome
-	var errs []error
+	keys := map[string][]string{}
+	changes := map[string]changeFunc{}
 	for _, cm := range order {
 		outs := byCM[cm]
-		keys := make([]string, len(outs))
-		for i, o := range outs {
-			keys[i] = o.Key
+		for _, o := range outs {
+			keys[cm] = append(keys[cm], o.Key)
 		}
-		st, rerr, blocked, err := w.update(ctx, cm, routeNS, func(c *corev1.ConfigMap) (change, error) {
+		changes[cm] = func(c *corev1.ConfigMap) (change, error) {
 			ch := change{set: map[string]*string{}}
 			for _, o := range outs {
 				if guard != nil {
@@ -198,12 +209,20 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 				}
 			}
 			return ch, nil
-		})
+		}
+	}
+	if w.Window > 0 {
+		return w.applyBatched(ctx, order, keys, changes, routeNS)
+	}
+	var res []Outcome
+	var errs []error
+	for _, cm := range order {
+		st, rerr, blocked, err := w.update(ctx, cm, routeNS, changes[cm])
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys, Err: rerr, Blocked: blocked})
+		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys[cm], Err: rerr, Blocked: blocked})
 	}
 	return res, errors.Join(errs...)
 }

@@ -1,0 +1,178 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/compiler"
+)
+
+// countingReader counts reads (the API reader: each is a GET).
+type countingReader struct {
+	client.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.n.Add(1)
+	return c.Reader.Get(ctx, key, obj, opts...)
+}
+
+// applyAll runs one Apply per output at once through w, as concurrent
+// reconciles of routes sharing a ConfigMap do.
+func applyAll(t *testing.T, w *Writer, ns string, outs []compiler.Output, guard func(i int) Guard) []Outcome {
+	t.Helper()
+	res := make([]Outcome, len(outs))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for i, o := range outs {
+		wg.Go(func() {
+			var g Guard
+			if guard != nil {
+				g = guard(i)
+			}
+			r, err := w.Apply(context.Background(), ns, []compiler.Output{o}, g)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil || len(r) != 1 {
+				errs = append(errs, fmt.Errorf("route %d: %v %v", i, r, err))
+				return
+			}
+			res[i] = r[0]
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestBatchOnePatchForManyRoutes: 20 routes writing their keys into one
+// ConfigMap at once go out as one or a few patches instead of 20, with no
+// GET of the API server (the content they were decided on is the cache's,
+// and the new keys are guarded by its resourceVersion).
+func TestBatchOnePatchForManyRoutes(t *testing.T) {
+	ns := setup(t, map[string]string{"base.conf": "keep"}, nil)
+	pc := &patchCounter{Client: k8s}
+	api := &countingReader{Reader: k8s}
+	w := &Writer{Client: pc, APIReader: api, Window: 50 * time.Millisecond}
+	var outs []compiler.Output
+	for i := range 20 {
+		outs = append(outs, out(ns, fmt.Sprintf("r%02d.conf", i), fmt.Sprintf("route %d\n", i)))
+	}
+	for i, o := range applyAll(t, w, ns, outs, nil) {
+		if o.State != Written {
+			t.Fatalf("route %d: %v", i, o)
+		}
+	}
+	cm := get(t, ns)
+	for i := range 20 {
+		if got := cm.Data[fmt.Sprintf("r%02d.conf", i)]; got != fmt.Sprintf("route %d\n", i) {
+			t.Fatalf("r%02d.conf = %q", i, got)
+		}
+	}
+	if cm.Data["base.conf"] != "keep" {
+		t.Fatal("the consumer's own key was lost")
+	}
+	if n := pc.n.Load(); n > 3 {
+		t.Fatalf("%d patches for 20 routes in one window, want at most 3", n)
+	}
+	if n := api.n.Load(); n != 0 {
+		t.Fatalf("%d GETs of the API server, want 0", n)
+	}
+	t.Logf("20 routes → %d patch(es), %d batch(es)", pc.n.Load(), w.Batches.Load())
+
+	// A second burst right after, the cache (here the API itself) may not
+	// show our write yet: still correct, still batched.
+	outs = outs[:0]
+	for i := range 20 {
+		outs = append(outs, out(ns, fmt.Sprintf("r%02d.conf", i), fmt.Sprintf("route %d v2\n", i)))
+	}
+	for i, o := range applyAll(t, w, ns, outs, nil) {
+		if o.State != Written {
+			t.Fatalf("second burst, route %d: %v", i, o)
+		}
+	}
+	if got := get(t, ns).Data["r07.conf"]; got != "route 7 v2\n" {
+		t.Fatalf("r07.conf = %q", got)
+	}
+}
+
+// TestBatchRacingClaimsOfOneNewKey: ten routes claiming one new key in one
+// batch: the first takes it, the others are decided again on the content
+// with its mark and blocked by their guards.
+func TestBatchRacingClaimsOfOneNewKey(t *testing.T) {
+	ns := setup(t, map[string]string{"other": "x"}, nil)
+	w := &Writer{Client: k8s, APIReader: k8s, Window: 50 * time.Millisecond}
+	var outs []compiler.Output
+	for i := range 10 {
+		outs = append(outs, out(ns, "shared.conf", fmt.Sprintf("owner=%d\n", i)))
+	}
+	written, blocked := 0, 0
+	for _, o := range applyAll(t, w, ns, outs, func(i int) Guard { return ownedBy(fmt.Sprint(i)) }) {
+		if o.State == Written {
+			written++
+		}
+		blocked += len(o.Blocked)
+	}
+	if written != 1 || blocked != 9 {
+		t.Fatalf("%d wrote the new key, %d were blocked; want 1 and 9", written, blocked)
+	}
+}
+
+// TestBatchFailuresStayWithTheirRoute: in one batch, a route whose render
+// fails, one whose key the API server refuses and one too large for the
+// ConfigMap each get their own state; the other routes are written.
+func TestBatchFailuresStayWithTheirRoute(t *testing.T) {
+	ns := setup(t, map[string]string{"big.conf": strings.Repeat("b", 900<<10)}, nil)
+	w := &Writer{Client: k8s, APIReader: k8s, Window: 50 * time.Millisecond}
+	outs := []compiler.Output{
+		out(ns, "good1.conf", "1"),
+		{ConfigMap: ns + "/cm", Key: "render.conf", Render: func([]byte) ([]byte, error) { return nil, errors.New("no base config") }},
+		out(ns, "bad/key.conf", "x"),
+		out(ns, "huge.conf", strings.Repeat("h", 200<<10)),
+		out(ns, "good2.conf", "2"),
+	}
+	res := applyAll(t, w, ns, outs, nil)
+	want := []State{Written, RenderFailed, Rejected, TooLarge, Written}
+	for i, o := range res {
+		if o.State != want[i] {
+			t.Errorf("%s: %v, want %s", outs[i].Key, o, want[i])
+		}
+	}
+	cm := get(t, ns)
+	if cm.Data["good1.conf"] != "1" || cm.Data["good2.conf"] != "2" {
+		t.Fatalf("good routes not written: %v %v", cm.Data["good1.conf"], cm.Data["good2.conf"])
+	}
+}
+
+// TestBatchStaleReadIsRedone: a key changed behind the writer's back (its
+// read is stale) fails the patch's test; the batch is decided again on a
+// fresh read and renders from the new value.
+func TestBatchStaleReadIsRedone(t *testing.T) {
+	ns := setup(t, map[string]string{"a.conf": "1"}, nil)
+	stale := get(t, ns)
+	cur := get(t, ns)
+	cur.Data["a.conf"] = "2"
+	if err := k8s.Update(context.Background(), cur); err != nil {
+		t.Fatal(err)
+	}
+	w := &Writer{Client: &staleReader{Client: k8s, stale: stale}, APIReader: k8s, Window: 10 * time.Millisecond}
+	res, err := w.Apply(context.Background(), ns, []compiler.Output{{ConfigMap: ns + "/cm", Key: "a.conf", Render: func(in []byte) ([]byte, error) { return append(in, '+'), nil }}}, nil)
+	if err != nil || res[0].State != Written {
+		t.Fatalf("%v %v", res, err)
+	}
+	if got := get(t, ns).Data["a.conf"]; got != "2+" {
+		t.Fatalf("a.conf = %q, want 2+", got)
+	}
+}
