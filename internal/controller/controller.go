@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -201,6 +202,42 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 type ownership struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]map[string][]string
+	// sums: what each of the route's keys held after its last write
+	// ("ns/name\x00key" → SHA-256), so the event of its own write is not
+	// taken for a change.
+	sums map[types.NamespacedName]map[string]sink.Sum
+}
+
+// setSums records what the route's keys in cm hold (or are about to hold)
+// after a write.
+func (o *ownership) setSums(key types.NamespacedName, cm string, sums map[string]sink.Sum) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sums == nil {
+		o.sums = map[types.NamespacedName]map[string]sink.Sum{}
+	}
+	m := o.sums[key]
+	if m == nil {
+		m = map[string]sink.Sum{}
+		o.sums[key] = m
+	}
+	for k := range m {
+		if strings.HasPrefix(k, cm+"\x00") {
+			delete(m, k)
+		}
+	}
+	for k, s := range sums {
+		m[cm+"\x00"+k] = s
+	}
+}
+
+// ownValue reports whether value is what the route itself last left in
+// cm's key.
+func (o *ownership) ownValue(key types.NamespacedName, cm, k, value string) bool {
+	o.mu.Lock()
+	s, ok := o.sums[key][cm+"\x00"+k]
+	o.mu.Unlock()
+	return ok && s == sink.SumOf(value)
 }
 
 func (o *ownership) get(key types.NamespacedName) (map[string][]string, bool) {
@@ -215,6 +252,7 @@ func (o *ownership) set(key types.NamespacedName, v map[string][]string) {
 	defer o.mu.Unlock()
 	if v == nil {
 		delete(o.m, key)
+		delete(o.sums, key)
 		return
 	}
 	if o.m == nil {

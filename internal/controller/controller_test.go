@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -528,4 +529,54 @@ func TestStaleKeysRemovedAcrossRestarts(t *testing.T) {
 		t.Fatalf("routes after delete: %v, want %v", keys(cm.Data), want)
 	}
 	others()
+}
+
+// TestOwnWriteDoesNotRequeue: a route's own ConfigMap write used to come
+// back through the ConfigMap watch as a change of its key and reconcile it
+// a second time for nothing. An endpoint change now costs one reconcile
+// of the route; someone else's edit of its key still re-renders it.
+func TestOwnWriteDoesNotRequeue(t *testing.T) {
+	ns := namespace(t, "ownwrite")
+	base := reconciles(t)
+	h := startManager(t, ns)
+	configMap(t, ns, "routes", map[string]string{"keep.conf": "x"}, nil)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.9.0.1"))
+	createRoute(t, newRoute(ns, "m", "m"))
+	name := types.NamespacedName{Namespace: ns, Name: "m"}
+	eventually(t, "the first render", func() (bool, string) {
+		cm, err := getCM(t, ns, "routes")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(cm.Data[routeKey("m")], host("10.9.0.1")), "not yet"
+	})
+	waitQuiet(t, h, base, nil, name)
+	time.Sleep(300 * time.Millisecond) // any late echo of the write
+	waitQuiet(t, h, base, nil, name)
+	before, _ := h.c.started()
+
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.9.0.2"))
+	eventually(t, "the new backend", func() (bool, string) {
+		cm, _ := getCM(t, ns, "routes")
+		return strings.Contains(cm.Data[routeKey("m")], host("10.9.0.2")), "not yet"
+	})
+	waitQuiet(t, h, base, before, name)
+	time.Sleep(300 * time.Millisecond)
+	waitQuiet(t, h, base, before, name)
+	after, _ := h.c.started()
+	if n := after[name] - before[name]; n != 1 {
+		t.Fatalf("%d reconciles for one endpoint change, want 1 (the route's own write re-queued it)", n)
+	}
+
+	// Someone else edits the route's key (keeping its ownership mark):
+	// re-rendered.
+	cm, _ := getCM(t, ns, "routes")
+	cm.Data[routeKey("m")] += "# edited by hand\n"
+	must(t, k8s.Update(context.Background(), cm))
+	eventually(t, "the key restored", func() (bool, string) {
+		cm, _ := getCM(t, ns, "routes")
+		v := cm.Data[routeKey("m")]
+		return strings.Contains(v, host("10.9.0.2")) && !strings.Contains(v, "edited by hand"), v
+	})
 }

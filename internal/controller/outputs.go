@@ -45,7 +45,8 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	r.owned.set(key, pending)
 	st.route.Status.Outputs = statusOutputs(unionKeys(ownedFromStatus(st.route.Status.Outputs), now))
 
-	outcomes, err := r.writer.Apply(ctx, st.route.Namespace, st.result.Outputs, guard)
+	outcomes, err := r.writer.ApplyRecorded(ctx, st.route.Namespace, st.result.Outputs, guard,
+		func(cm string, sums map[string]sink.Sum) { r.owned.setSums(key, cm, sums) })
 	if err != nil {
 		return fmt.Errorf("write outputs: %w", err)
 	}

@@ -165,10 +165,13 @@ func gpuLabelChanged() predicate.Predicate {
 	}
 }
 
-// routesBy lists the routes whose index holds value.
+// routesBy lists the routes whose index holds value. The routes are the
+// cache's own objects: callers must not modify them.
 func (r *Reconciler) routesBy(ctx context.Context, index, value string) []v1alpha1.ModelRoute {
 	var l v1alpha1.ModelRouteList
-	if err := r.Client.List(ctx, &l, client.MatchingFields{index: value}); err != nil {
+	// Read-only use: the cache's objects are not copied (a ConfigMap event
+	// of a ConfigMap shared by 100 routes used to deep-copy all of them).
+	if err := r.Client.List(ctx, &l, client.MatchingFields{index: value}, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "list routes by index", "index", index, "value", value)
 		return nil
 	}
@@ -276,7 +279,11 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
 				key := client.ObjectKeyFromObject(&rt)
 				owned, known := r.owned.get(key)
-				if !known || slices.ContainsFunc(owned[ref], func(k string) bool { return oldCM.Data[k] != newCM.Data[k] || hasKey(oldCM, k) != hasKey(newCM, k) }) {
+				if !known || slices.ContainsFunc(owned[ref], func(k string) bool {
+					changed := oldCM.Data[k] != newCM.Data[k] || hasKey(oldCM, k) != hasKey(newCM, k)
+					// The route's own write is not a change to react to.
+					return changed && !(hasKey(newCM, k) && r.owned.ownValue(key, ref, k, newCM.Data[k]))
+				}) {
 					q.Add(reconcile.Request{NamespacedName: key})
 				}
 			}

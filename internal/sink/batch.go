@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -311,7 +310,7 @@ func finishEach(res map[*request]result) {
 
 // applyBatched is Apply's path with a batch window: every ConfigMap's
 // change is submitted at once, then awaited.
-func (w *Writer) applyBatched(ctx context.Context, order []string, keys map[string][]string, changes map[string]changeFunc, routeNS string) ([]Outcome, error) {
+func (w *Writer) applyBatched(ctx context.Context, order []string, keys map[string][]string, changes map[string]changeFunc, routeNS string) ([]Outcome, []error) {
 	results := make([]result, len(order))
 	var wg sync.WaitGroup
 	for i, ref := range order {
@@ -328,5 +327,5 @@ func (w *Writer) applyBatched(ctx context.Context, order []string, keys map[stri
 		}
 		res = append(res, Outcome{ConfigMap: ref, State: r.state, Keys: keys[ref], Err: r.renderErr, Blocked: r.blocked})
 	}
-	return res, errors.Join(errs...)
+	return res, errs
 }

@@ -21,6 +21,7 @@ package sink
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -112,7 +113,17 @@ type Outcome struct {
 	// Blocked are the keys the Guard kept the route from writing or
 	// removing (the others were handled).
 	Blocked []KeyError
+	// Sums are, for Written and Unchanged, the SHA-256 of what each key
+	// that was not blocked now holds: a ConfigMap event showing exactly
+	// that is the route's own write, not a change to react to.
+	Sums map[string]Sum
 }
+
+// Sum is the SHA-256 of a key's value.
+type Sum [sha256.Size]byte
+
+// SumOf is the Sum of a value.
+func SumOf(v string) Sum { return sha256.Sum256([]byte(v)) }
 
 func (o Outcome) String() string {
 	s := fmt.Sprintf("%s %s", o.ConfigMap, o.State)
@@ -166,6 +177,13 @@ func Granted(obj metav1.Object, routeNS string, trusted []string) bool {
 // route in routeNS; guard (nil = allow all) decides per key. The error is
 // for API failures worth a retry; per ConfigMap states are in the outcomes.
 func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.Output, guard Guard) ([]Outcome, error) {
+	return w.ApplyRecorded(ctx, routeNS, outputs, guard, nil)
+}
+
+// ApplyRecorded is Apply, calling record (when not nil) with the Sums of
+// each ConfigMap's keys as decided, before the patch is sent: the watch
+// event of the write can arrive before Apply returns.
+func (w *Writer) ApplyRecorded(ctx context.Context, routeNS string, outputs []compiler.Output, guard Guard, record func(cm string, sums map[string]Sum)) ([]Outcome, error) {
 	var order []string
 	byCM := map[string][]compiler.Output{}
 	for _, o := range outputs {
@@ -176,13 +194,20 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 	}
 	keys := map[string][]string{}
 	changes := map[string]changeFunc{}
+	// One slot per ConfigMap, written only by that ConfigMap's change
+	// (batched changes of several ConfigMaps run concurrently).
+	sums := map[string]*map[string]Sum{}
 	for _, cm := range order {
 		outs := byCM[cm]
 		for _, o := range outs {
 			keys[cm] = append(keys[cm], o.Key)
 		}
+		slot := new(map[string]Sum)
+		sums[cm] = slot
 		changes[cm] = func(c *corev1.ConfigMap) (change, error) {
 			ch := change{set: map[string]*string{}}
+			sum := map[string]Sum{}
+			*slot = sum // the last decision is the one written
 			for _, o := range outs {
 				if guard != nil {
 					excl, err := guard(c, o.Key)
@@ -203,26 +228,36 @@ func (w *Writer) Apply(ctx context.Context, routeNS string, outputs []compiler.O
 				if err != nil {
 					return ch, fmt.Errorf("render %s: %w", o.Key, err)
 				}
+				sum[o.Key] = sha256.Sum256(b)
 				if !ok || !bytes.Equal(b, in) {
 					s := string(b)
 					ch.set[o.Key] = &s
 				}
 			}
+			if record != nil {
+				record(cm, sum)
+			}
 			return ch, nil
 		}
 	}
-	if w.Window > 0 {
-		return w.applyBatched(ctx, order, keys, changes, routeNS)
-	}
 	var res []Outcome
 	var errs []error
-	for _, cm := range order {
-		st, rerr, blocked, err := w.update(ctx, cm, routeNS, changes[cm])
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	if w.Window > 0 {
+		res, errs = w.applyBatched(ctx, order, keys, changes, routeNS)
+	} else {
+		for _, cm := range order {
+			st, rerr, blocked, err := w.update(ctx, cm, routeNS, changes[cm])
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys[cm], Err: rerr, Blocked: blocked})
 		}
-		res = append(res, Outcome{ConfigMap: cm, State: st, Keys: keys[cm], Err: rerr, Blocked: blocked})
+	}
+	for i, o := range res {
+		if o.State == Written || o.State == Unchanged {
+			res[i].Sums = *sums[o.ConfigMap]
+		}
 	}
 	return res, errors.Join(errs...)
 }
