@@ -12,6 +12,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -169,11 +170,42 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {
 		return retErr
 	}
-	if err := r.Client.Status().Patch(ctx, route, client.MergeFrom(orig)); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Client.Status().Patch(ctx, route, dropRetiredStatus{client.MergeFrom(orig)}); err != nil && !apierrors.IsNotFound(err) {
 		return errors.Join(retErr, fmt.Errorf("patch status: %w", err))
 	}
 	ctrl.LoggerFrom(ctx).V(levelDebug).Info("status updated", "backends", route.Status.Backends, "ready", readyReason(route))
 	return retErr
+}
+
+// retiredStatusFields are status fields earlier versions wrote and this
+// one does not. The status schema preserves unknown fields, so nothing
+// else would remove them: every status patch nulls them.
+// backendEndpoints: the endpoint list changed at every rollout step and
+// made every route write its status; the endpoints are in the ConfigMap.
+var retiredStatusFields = []string{"backendEndpoints"}
+
+// dropRetiredStatus adds the removal of retiredStatusFields to a merge
+// patch of the status.
+type dropRetiredStatus struct{ client.Patch }
+
+func (p dropRetiredStatus) Data(obj client.Object) ([]byte, error) {
+	b, err := p.Patch.Data(obj)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	st, _ := m["status"].(map[string]any)
+	if st == nil {
+		st = map[string]any{}
+		m["status"] = st
+	}
+	for _, f := range retiredStatusFields {
+		st[f] = nil
+	}
+	return json.Marshal(m)
 }
 
 func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelRoute) error {

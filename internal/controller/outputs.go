@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -70,7 +69,6 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	st.route.Status.Outputs = statusOutputs(heldKeys(outcomes))
 	if r.outcomeProblems(st, outcomes) {
 		st.route.Status.Backends = int32(len(st.snap.Backends))
-		st.route.Status.BackendEndpoints = hostPorts(st.snap.Backends)
 	}
 	return nil
 }
@@ -281,10 +279,3 @@ func ownedFromStatus(outs []v1alpha1.OutputKeys) map[string][]string {
 	return m
 }
 
-func hostPorts(eps []compiler.Endpoint) []string {
-	out := make([]string, len(eps))
-	for i, e := range eps {
-		out[i] = discovery.HostPort(e)
-	}
-	return out
-}

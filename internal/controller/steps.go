@@ -118,7 +118,6 @@ func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, e
 			ns, name, x.field, ns, st.route.Namespace, sink.AllowedNamespacesAnnotation, st.route.Namespace), false)
 	}
 	if !ok {
-		st.route.Status.BackendEndpoints = nil
 		st.route.Status.Backends = 0
 		st.route.Status.CartPeers = 0
 	}

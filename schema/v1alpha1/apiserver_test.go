@@ -77,7 +77,6 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		ObservedGeneration: got.Generation,
 		Backends:           3,
 		CartPeers:          2,
-		BackendEndpoints:   []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"},
 		Conditions: []metav1.Condition{{
 			Type: "Ready", Status: metav1.ConditionTrue, Reason: "Written",
 			Message: "outputs written", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
@@ -99,7 +98,7 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		t.Fatalf("list: %d items, want 1", len(list.Items))
 	}
 	gs := list.Items[0].Status
-	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers || !reflect.DeepEqual(gs.BackendEndpoints, wantStatus.BackendEndpoints) ||
+	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers ||
 		!reflect.DeepEqual(gs.Outputs, wantStatus.Outputs) ||
 		len(gs.Conditions) != 2 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
 		t.Errorf("stored status differs: %+v", gs)

@@ -68,8 +68,6 @@ type Status struct {
 	Backends int32 `json:"backends"`
 	// CartPeers is the number of CART endpoints discovered.
 	CartPeers int32 `json:"cartPeers"`
-	// BackendEndpoints lists the written backend endpoints (ip:port).
-	BackendEndpoints []string `json:"backendEndpoints,omitempty"`
 	// Conditions: Ready, Reconciling, Stalled.
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 	// Outputs lists the ConfigMap keys the route has written and not yet
