@@ -278,4 +278,3 @@ func ownedFromStatus(outs []v1alpha1.OutputKeys) map[string][]string {
 	}
 	return m
 }
-
