@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -78,7 +79,12 @@ type Reconciler struct {
 	// (--trusted-namespace: the platform team's central route namespace).
 	TrustedNamespaces []string
 
+	// PodCacheIdle is how long a namespace's pod cache outlives its last
+	// selector route (0 = DefaultPodCacheIdle).
+	PodCacheIdle time.Duration
+
 	discovery *discovery.Reader
+	pods      *podCaches
 	writer    *sink.Writer
 	specs     specCache
 	owned     ownership

@@ -622,3 +622,48 @@ func TestStatusNotWrittenForSameCountEndpointChange(t *testing.T) {
 		return !found && b == 2, fmt.Sprint(u.Object["status"])
 	})
 }
+
+// TestPodsCachedOnlyWhereRoutesSelectThem: pods used to be cached
+// cluster-wide from the start (most of the controller's memory at 10,000
+// pods) although Service-discovery routes never read them. Now a
+// namespace's pods are cached only while a route selects pods there; the
+// cache goes when the last such route does, and comes back, watched again,
+// with the next one.
+func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
+	svcNS, selNS := namespace(t, "svconly"), namespace(t, "selpods")
+	h := startManager(t, svcNS, selNS)
+	for _, ns := range []string{svcNS, selNS} {
+		configMap(t, ns, "routes", nil, nil)
+	}
+	service(t, svcNS, "m", 8000)
+	endpointSlice(t, svcNS, "m-a", "m", v4, 8000, up("10.7.0.1"))
+	pod(t, svcNS, "unread", map[string]string{"app": "m"}, "10.7.0.9", true, 8000)
+	createRoute(t, newRoute(svcNS, "m", "m"))
+	waitCondition(t, svcNS, "m", metav1.ConditionTrue, ReasonReconciled)
+	if got := h.r.pods.running(); len(got) != 0 {
+		t.Fatalf("pod caches %v with only a Service-discovery route, want none", got)
+	}
+
+	app := map[string]string{"app": "sel"}
+	pod(t, selNS, "sel-0", app, "10.7.1.1", true, 8000)
+	selRoute := func() *v1alpha1.ModelRoute {
+		return newRoute(selNS, "sel", "", func(r *v1alpha1.ModelRoute) { r.Spec.Discovery = v1alpha1.Discovery{Selector: "app=sel"} })
+	}
+	createRoute(t, selRoute())
+	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1")}, nil)
+	if got := h.r.pods.running(); !slices.Equal(got, []string{selNS}) {
+		t.Fatalf("pod caches %v, want only %s", got, selNS)
+	}
+
+	must(t, k8s.Delete(context.Background(), getRoute(t, selNS, "sel")))
+	eventually(t, "the pod cache to stop", func() (bool, string) {
+		got := h.r.pods.running()
+		return len(got) == 0, fmt.Sprint(got)
+	})
+
+	// Back with the next selector route, and its pod events arrive.
+	createRoute(t, selRoute())
+	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1")}, nil)
+	pod(t, selNS, "sel-1", app, "10.7.1.2", true, 8000)
+	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1"), host("10.7.1.2")}, nil)
+}

@@ -27,8 +27,12 @@ func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRout
 	if err != nil {
 		return 0, nil
 	}
+	reader, err := r.podReader(ctx, route.Namespace)
+	if err != nil {
+		return 0, err
+	}
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := reader.List(ctx, &pods, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return 0, fmt.Errorf("list pods %q in %s: %w", d.Selector, route.Namespace, err)
 	}
 	var live []*corev1.Pod

@@ -141,6 +141,7 @@ func (s *countingStatus) Patch(ctx context.Context, obj client.Object, p client.
 // harness is one running manager with the reconciler.
 type harness struct {
 	c    *countingClient
+	r    *Reconciler
 	stop func()
 }
 
@@ -190,7 +191,8 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 		t.Fatal(err)
 	}
 	cc := &countingClient{Client: mgr.GetClient()}
-	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name), Namespaces: namespaces, TrustedNamespaces: trusted}
+	r := &Reconciler{Client: cc, Validator: v, Recorder: mgr.GetEventRecorder(Name), Namespaces: namespaces, TrustedNamespaces: trusted,
+		PodCacheIdle: 300 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := r.SetupWithManager(ctx, mgr, 4); err != nil {
 		t.Fatal(err)
@@ -198,7 +200,7 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	var once sync.Once
-	h := &harness{c: cc}
+	h := &harness{c: cc, r: r}
 	h.stop = func() {
 		once.Do(func() {
 			cancel()

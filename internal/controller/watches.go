@@ -27,15 +27,13 @@ import (
 )
 
 // CacheOptions are the manager cache options the controller needs: managed
-// fields stripped from everything, pods stripped to what discovery reads,
-// and, when namespaces is not empty, namespaced objects cached only there
-// (Nodes are cluster-scoped and always cached, metadata only).
+// fields stripped from everything and, when namespaces is not empty,
+// namespaced objects cached only there (Nodes are cluster-scoped and always
+// cached, metadata only). Pods are not in the manager's cache: they are
+// cached per namespace, only while a route selects pods there (podCaches).
 func CacheOptions(namespaces []string) cache.Options {
 	o := cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(), // never read, often the largest part
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Transform: discovery.StripPod},
-		},
 	}
 	if len(namespaces) > 0 {
 		o.DefaultNamespaces = map[string]cache.Config{}
@@ -55,7 +53,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
-	r.discovery = &discovery.Reader{Client: r.Client}
+	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
 	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
@@ -66,17 +64,25 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := SetupOwnershipIndex(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.mapPod), builder.WithPredicates(podChanged())).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
 		Watches(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)}).
-		Complete(r)
+		Build(r)
+	if err != nil {
+		return err
+	}
+	idle := r.PodCacheIdle
+	if idle <= 0 {
+		idle = DefaultPodCacheIdle
+	}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), inUse: r.selectorNamespaces, watch: r.podWatch(c), idle: idle}
+	return mgr.Add(r.pods)
 }
 
 // routeChanged passes spec changes (generation), the start of deletion and
@@ -237,10 +243,14 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 			add(r.mapSlice(ctx, &sl.Items[i]))
 		}
 	}
-	var pl corev1.PodList
-	if err := r.Client.List(ctx, &pl, client.MatchingFields{discovery.IndexPodNode: o.GetName()}); err == nil {
-		for i := range pl.Items {
-			add(r.mapPod(ctx, &pl.Items[i]))
+	if r.pods != nil {
+		for _, pr := range r.pods.readers() {
+			var pl corev1.PodList
+			if err := pr.List(ctx, &pl, client.MatchingFields{discovery.IndexPodNode: o.GetName()}); err == nil {
+				for i := range pl.Items {
+					add(r.mapPod(ctx, &pl.Items[i]))
+				}
+			}
 		}
 	}
 	return out

@@ -89,7 +89,17 @@ func RouteSelectors(r *v1alpha1.ModelRoute) []string {
 	return out
 }
 
-// SetupIndexes registers every index above on the cache.
+// PodNodeIndex is the IndexPodNode function. Pods are cached per
+// namespace, only where routes select pods, so it is registered on those
+// caches, not by SetupIndexes.
+func PodNodeIndex(o client.Object) []string {
+	if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+		return []string{p.Spec.NodeName}
+	}
+	return nil
+}
+
+// SetupIndexes registers every index above (but IndexPodNode) on the cache.
 func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 	reg := []struct {
 		obj client.Object
@@ -115,12 +125,6 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 				}
 			}
 			return out
-		}},
-		{&corev1.Pod{}, IndexPodNode, func(o client.Object) []string {
-			if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
-				return []string{p.Spec.NodeName}
-			}
-			return nil
 		}},
 		{&v1alpha1.ModelRoute{}, IndexRouteService, func(o client.Object) []string {
 			return RouteServices(o.(*v1alpha1.ModelRoute))

@@ -20,6 +20,10 @@ import (
 // manager's cache with the indexes of SetupIndexes registered.
 type Reader struct {
 	Client client.Reader
+	// Pods, if set, gives the reader of a namespace's pods (the
+	// controller caches pods per namespace, only where routes select
+	// them); nil reads pods through Client.
+	Pods func(ctx context.Context, ns string) (client.Reader, error)
 }
 
 // Snapshot discovers everything the compiler needs for route (validated and
@@ -116,8 +120,14 @@ func (r *Reader) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, e
 	if err != nil {
 		return nil, fmt.Errorf("selector %q: %w", selector, err)
 	}
+	reader := r.Client
+	if r.Pods != nil {
+		if reader, err = r.Pods(ctx, ns); err != nil {
+			return nil, err
+		}
+	}
 	var l corev1.PodList
-	if err := r.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := reader.List(ctx, &l, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return nil, fmt.Errorf("list pods %q in %s: %w", selector, ns, err)
 	}
 	return l.Items, nil
