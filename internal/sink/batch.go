@@ -181,12 +181,7 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 		if size, grows := sizeAfter(cm, set); grows && size > MaxSize {
 			// Attribute the refusal to the routes it concerns: their
 			// changes are written one by one (the others still fit).
-			for _, req := range in {
-				st, rerr, blocked, err := w.update(ctx, ref, req.routeNS, req.change)
-				res[req] = result{state: st, renderErr: rerr, blocked: blocked, err: err}
-			}
-			cw.known = nil
-			finishEach(res)
+			w.oneByOne(ctx, ref, cw, in, res)
 			return true, nil
 		}
 		switch err := w.patchBatch(ctx, cm, set, exclusive, cw); {
@@ -200,12 +195,7 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 		case apierrors.IsInvalid(err):
 			// One of the changes makes the ConfigMap invalid: write them
 			// one by one so the refusal reaches its route alone.
-			for _, req := range in {
-				st, rerr, blocked, err := w.update(ctx, ref, req.routeNS, req.change)
-				res[req] = result{state: st, renderErr: rerr, blocked: blocked, err: err}
-			}
-			cw.known = nil
-			finishEach(res)
+			w.oneByOne(ctx, ref, cw, in, res)
 			return true, nil
 		case apierrors.IsNotFound(err):
 			finish(batch, result{state: Missing})
@@ -228,6 +218,17 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 		return nil
 	}
 	return rest
+}
+
+// oneByOne writes the requests in each on its own (the unbatched path),
+// then answers every request of res.
+func (w *Writer) oneByOne(ctx context.Context, ref string, cw *cmWriter, in []*request, res map[*request]result) {
+	for _, req := range in {
+		st, rerr, blocked, err := w.update(ctx, ref, req.routeNS, req.change)
+		res[req] = result{state: st, renderErr: rerr, blocked: blocked, err: err}
+	}
+	cw.known = nil
+	finishEach(res)
 }
 
 // read returns the content to decide on: the API server's (fresh), else
