@@ -73,9 +73,12 @@ type controllerOptions struct {
 
 // DefaultMaxConcurrentReconciles: a reconcile spends most of its time
 // waiting — for its ConfigMap's batch window and patch, for its status
-// patch — so more routes in flight than cores means fuller batches (one
-// patch per ConfigMap for all of them) at little CPU cost.
-const DefaultMaxConcurrentReconciles = 16
+// patch — and a ConfigMap's batch can only hold the routes in flight. With
+// 16, a rollout of 1000 routes in 10 ConfigMaps still made 84 patches of
+// each 300 KB ConfigMap and converged 58 s after the last EndpointSlice
+// write; with 128, 15 patches and 4.5 s (make bench-scale). A reconcile in
+// flight is a goroutine; the CPU work (about 7 ms per route) is the same.
+const DefaultMaxConcurrentReconciles = 128
 
 // DefaultKubeAPIQPS and DefaultKubeAPIBurst are the controller's client
 // rate limits, the same in-cluster and with --kubeconfig (client-go's own
