@@ -62,5 +62,9 @@ fuzz: deps ## fuzz the route generator against real nginx for FUZZTIME; failing 
 demo: deps envtest ## the whole loop on a laptop: control plane, controller, routes, scaling
 	$(GO) run ./hack/demo
 
+.PHONY: bench-scale
+bench-scale: envtest ## scale benchmark, not part of make test (8-30 min): 10k pods, routes x ConfigMaps matrix, the real controller on a real API server; docs/performance.md; extra flags in BENCH_SCALE_FLAGS
+	$(GO) run ./hack/scale $(BENCH_SCALE_FLAGS)
+
 clean:
 	rm -rf $(BIN)

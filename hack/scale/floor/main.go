@@ -1,0 +1,121 @@
+// Command floor is the memory floor of the scale benchmark (hack/scale):
+// a bare client-go informer caching every EndpointSlice of the cluster (no
+// transform, default client settings) in a program that does nothing
+// else. It waits for the cache to sync and prints its own VmRSS and VmHWM
+// as one JSON line: the least memory any controller that watches the
+// slices needs, in the same Go runtime and client library.
+//
+//	go run ./hack/scale/floor --kubeconfig FILE
+//
+// It is its own small program, not a subcommand of the benchmark, so the
+// benchmark's code (envtest, the compiler) does not inflate the floor.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Result is the floor's report, one JSON line on stdout.
+type Result struct {
+	RSSKiB      int64   `json:"vmRSSKiB"`
+	HWMKiB      int64   `json:"vmHWMKiB"`
+	Slices      int     `json:"endpointSlices"`
+	SyncSeconds float64 `json:"syncSeconds"`
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("floor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster (required)")
+	settle := fs.Duration("settle", time.Second, "wait after the cache synced before reading the memory")
+	timeout := fs.Duration("timeout", 2*time.Minute, "bound of the cache sync")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *kubeconfig == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: floor --kubeconfig FILE [--settle 1s] [--timeout 2m]")
+		return 2
+	}
+	res, err := floor(*kubeconfig, *settle, *timeout)
+	if err == nil {
+		err = json.NewEncoder(stdout).Encode(res)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "floor:", err)
+		return 1
+	}
+	return 0
+}
+
+func floor(kubeconfig string, settle, timeout time.Duration) (*Result, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	factory := informers.NewSharedInformerFactory(cs, 0)
+	inf := factory.Discovery().V1().EndpointSlices().Informer()
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil, fmt.Errorf("EndpointSlice informer not synced within %s", timeout)
+	}
+	res := &Result{SyncSeconds: time.Since(start).Seconds(), Slices: len(inf.GetStore().ListKeys())}
+	time.Sleep(settle)
+	if res.RSSKiB, res.HWMKiB, err = procMem(os.Getpid()); err != nil {
+		return nil, err
+	}
+	cancel()
+	factory.Shutdown()
+	return res, nil
+}
+
+// procMem reads VmRSS and VmHWM (KiB) of a process.
+func procMem(pid int) (rss, hwm int64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if f := strings.Fields(v); ok && len(f) > 0 && (k == "VmRSS" || k == "VmHWM") {
+			n, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
+			}
+			if k == "VmRSS" {
+				rss = n
+			} else {
+				hwm = n
+			}
+		}
+	}
+	if rss == 0 || hwm == 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS/VmHWM", pid)
+	}
+	return rss, hwm, nil
+}
