@@ -50,6 +50,10 @@ type cmWriter struct {
 
 	write sync.Mutex // serialises the flushes of this ConfigMap
 	known *written   // our last write, until the cache shows it
+	// superseded are resourceVersions known to be older than known's:
+	// the ones our writes were based on, and stale reads a patch test
+	// refused. A cache still showing one of them is behind us.
+	superseded map[string]bool
 }
 
 // written is the ConfigMap as our last patch left it.
@@ -190,6 +194,7 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			return true, nil
 		case apierrors.IsConflict(err) || patchNotApplicable(err):
 			// Our content was behind: read the truth and decide again.
+			cw.supersede(cm.ResourceVersion)
 			fresh, lastErr = true, err
 			return false, nil
 		case apierrors.IsInvalid(err):
@@ -244,12 +249,24 @@ func (w *Writer) read(ctx context.Context, key client.ObjectKey, cw *cmWriter, f
 		return nil, err
 	}
 	if !fresh && cw.known != nil {
-		if cm.ResourceVersion == cw.known.base {
-			return cw.known.cm.DeepCopy(), nil
+		switch {
+		case cm.ResourceVersion == cw.known.base || cw.superseded[cm.ResourceVersion]:
+			return cw.known.cm.DeepCopy(), nil // the cache is behind our write
+		default:
+			// The cache shows our write or something we have not seen
+			// (another writer's): decide on it; a test settles the rest.
+			cw.known, cw.superseded = nil, nil
 		}
-		cw.known = nil // the cache has moved past our write
 	}
 	return &cm, nil
+}
+
+// supersede records that rv is older than what we know of the ConfigMap.
+func (cw *cmWriter) supersede(rv string) {
+	if cw.superseded == nil {
+		cw.superseded = map[string]bool{}
+	}
+	cw.superseded[rv] = true
 }
 
 // patchBatch sends set as one per-key compare-and-swap patch. A key added
@@ -294,6 +311,7 @@ func (w *Writer) patchBatch(ctx context.Context, cm *corev1.ConfigMap, set map[s
 	}
 	next.ResourceVersion = meta.ResourceVersion
 	cw.known = &written{base: cm.ResourceVersion, cm: next}
+	cw.supersede(cm.ResourceVersion)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -174,5 +175,59 @@ func TestBatchStaleReadIsRedone(t *testing.T) {
 	}
 	if got := get(t, ns).Data["a.conf"]; got != "2+" {
 		t.Fatalf("a.conf = %q, want 2+", got)
+	}
+}
+
+// laggingCache serves the ConfigMap as it was when lag was set, like an
+// informer cache that has not delivered the latest events yet.
+type laggingCache struct {
+	client.Client
+	mu  sync.Mutex
+	lag *corev1.ConfigMap
+}
+
+func (l *laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	l.mu.Lock()
+	lag := l.lag
+	l.mu.Unlock()
+	if cm, ok := obj.(*corev1.ConfigMap); ok && lag != nil {
+		lag.DeepCopyInto(cm)
+		return nil
+	}
+	return l.Client.Get(ctx, key, obj, opts...)
+}
+
+// TestBatchCacheBehindOurWritesNeedsNoRead: while the cache still shows a
+// version our writes are based on (or one a patch test refused), the
+// writer decides on what it wrote itself: consecutive batches need neither
+// a fresh read nor a failed patch.
+func TestBatchCacheBehindOurWritesNeedsNoRead(t *testing.T) {
+	ns := setup(t, map[string]string{"base.conf": "keep"}, nil)
+	cache := &laggingCache{Client: k8s, lag: get(t, ns)}
+	api := &countingReader{Reader: k8s}
+	pc := &patchCounter{Client: cache}
+	w := &Writer{Client: pc, APIReader: api, Window: 5 * time.Millisecond}
+	for i := range 10 {
+		res, err := w.Apply(context.Background(), ns, []compiler.Output{out(ns, fmt.Sprintf("r%d.conf", i), "x")}, nil)
+		if err != nil || res[0].State != Written {
+			t.Fatalf("write %d: %v %v", i, res, err)
+		}
+	}
+	if g := api.n.Load(); g != 0 {
+		t.Fatalf("%d fresh reads for 10 writes behind a lagging cache, want 0", g)
+	}
+	if p := pc.n.Load(); p != 10 {
+		t.Fatalf("%d successful patches, want 10", p)
+	}
+	// Someone else writes; the cache still lags: the patch test fails
+	// once, the truth is read, and the write goes through.
+	cur := get(t, ns)
+	cur.Data["base.conf"] = "changed"
+	if err := k8s.Update(context.Background(), cur); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.Apply(context.Background(), ns, []compiler.Output{{ConfigMap: ns + "/cm", Key: "base.conf", Render: func(in []byte) ([]byte, error) { return append(in, '+'), nil }}}, nil)
+	if err != nil || res[0].State != Written || get(t, ns).Data["base.conf"] != "changed+" {
+		t.Fatalf("after a foreign write: %v %v %q", res, err, get(t, ns).Data["base.conf"])
 	}
 }
