@@ -133,16 +133,12 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 	var lastErr error
 	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
 		cm, err := w.read(ctx, key, cw, fresh)
-		switch {
-		case apierrors.IsNotFound(err):
-			finish(batch, result{state: Missing})
+		if r, final := settled(err); final {
+			finish(batch, r)
 			rest = nil
 			return true, nil
-		case apierrors.IsForbidden(err):
-			finish(batch, result{state: Forbidden, renderErr: err})
-			rest = nil
-			return true, nil
-		case err != nil:
+		}
+		if err != nil {
 			lastErr = fmt.Errorf("get configmap %s: %w", key, err)
 			return false, nil
 		}
@@ -188,7 +184,8 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			w.oneByOne(ctx, ref, cw, in, res)
 			return true, nil
 		}
-		switch err := w.patchBatch(ctx, cm, set, exclusive, cw); {
+		err = w.patchBatch(ctx, cm, set, exclusive, cw)
+		switch {
 		case err == nil:
 			finishEach(res)
 			return true, nil
@@ -202,18 +199,14 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			// one by one so the refusal reaches its route alone.
 			w.oneByOne(ctx, ref, cw, in, res)
 			return true, nil
-		case apierrors.IsNotFound(err):
-			finish(batch, result{state: Missing})
-			rest = nil
-			return true, nil
-		case apierrors.IsForbidden(err):
-			finish(batch, result{state: Forbidden, renderErr: err})
-			rest = nil
-			return true, nil
-		default:
-			lastErr = fmt.Errorf("patch configmap %s: %w", key, err)
-			return false, nil
 		}
+		if r, final := settled(err); final {
+			finish(batch, r)
+			rest = nil
+			return true, nil
+		}
+		lastErr = fmt.Errorf("patch configmap %s: %w", key, err)
+		return false, nil
 	})
 	if err != nil {
 		if lastErr == nil {
@@ -313,6 +306,18 @@ func (w *Writer) patchBatch(ctx context.Context, cm *corev1.ConfigMap, set map[s
 	cw.known = &written{base: cm.ResourceVersion, cm: next}
 	cw.supersede(cm.ResourceVersion)
 	return nil
+}
+
+// settled maps an API error that ends the batch for every request in it:
+// the ConfigMap is gone, or the controller may not use it.
+func settled(err error) (result, bool) {
+	switch {
+	case apierrors.IsNotFound(err):
+		return result{state: Missing}, true
+	case apierrors.IsForbidden(err):
+		return result{state: Forbidden, renderErr: err}, true
+	}
+	return result{}, false
 }
 
 func finish(batch []*request, r result) {
