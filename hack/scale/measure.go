@@ -24,41 +24,12 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/schema/routespec"
+
+	"github.com/modelsphere/autoconfig/hack/scale/procmem"
 )
 
 // clkTck is the kernel's clock tick (USER_HZ) of /proc/<pid>/stat times.
 const clkTck = 100
-
-// procMem reads VmRSS and VmHWM (KiB) of a process.
-func procMem(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || (k != "VmRSS" && k != "VmHWM") {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
-		}
-		if k == "VmRSS" {
-			rss = n
-		} else {
-			hwm = n
-		}
-	}
-	if rss == 0 || hwm == 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS/VmHWM", pid)
-	}
-	return rss, hwm, nil
-}
 
 // procCPU reads the CPU seconds (user + system) a process has used.
 func procCPU(pid int) (float64, error) {
@@ -185,7 +156,7 @@ func (s *sampler) run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		rss, _, err := procMem(s.pid)
+		rss, _, err := procmem.Read(s.pid)
 		s.mu.Lock()
 		if err != nil {
 			s.err = err

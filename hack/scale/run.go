@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/modelsphere/autoconfig/hack/scale/procmem"
 )
 
 // result is one run's numbers.
@@ -191,7 +193,7 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	if res.Sync.CPUSeconds, err = procCPU(ctrl.pid()); err != nil {
 		return fail(err)
 	}
-	if res.Memory.RSSAtSyncKiB, _, err = procMem(ctrl.pid()); err != nil {
+	if res.Memory.RSSAtSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
 		return fail(err)
 	}
 	b.logf("initial sync converged in %.2fs (controller CPU %.1fs)", res.Sync.Seconds, res.Sync.CPUSeconds)
@@ -199,7 +201,7 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	if res.Sync.CPUSecondsSettled, err = procCPU(ctrl.pid()); err != nil {
 		return fail(err)
 	}
-	if res.Memory.RSSAfterSyncKiB, _, err = procMem(ctrl.pid()); err != nil {
+	if res.Memory.RSSAfterSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
 		return fail(err)
 	}
 	phase.set("idle")
@@ -251,7 +253,7 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 		return fail(err)
 	}
 
-	rss, hwm, err := procMem(ctrl.pid())
+	rss, hwm, err := procmem.Read(ctrl.pid())
 	if err != nil {
 		return fail(err)
 	}

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/modelsphere/autoconfig/hack/scale/procmem"
 )
 
 // The benchmark itself runs for minutes (make bench-scale); these tests
@@ -128,7 +130,7 @@ func TestCheckCM(t *testing.T) {
 }
 
 func TestProcReaders(t *testing.T) {
-	rss, hwm, err := procMem(os.Getpid())
+	rss, hwm, err := procmem.Read(os.Getpid())
 	if err != nil || rss <= 0 || hwm < rss {
 		t.Fatalf("procMem = %d, %d, %v", rss, hwm, err)
 	}

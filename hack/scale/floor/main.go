@@ -19,14 +19,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/modelsphere/autoconfig/hack/scale/procmem"
 )
 
 // Result is the floor's report, one JSON line on stdout.
@@ -86,36 +86,10 @@ func floor(kubeconfig string, settle, timeout time.Duration) (*Result, error) {
 	}
 	res := &Result{SyncSeconds: time.Since(start).Seconds(), Slices: len(inf.GetStore().ListKeys())}
 	time.Sleep(settle)
-	if res.RSSKiB, res.HWMKiB, err = procMem(os.Getpid()); err != nil {
+	if res.RSSKiB, res.HWMKiB, err = procmem.Read(os.Getpid()); err != nil {
 		return nil, err
 	}
 	cancel()
 	factory.Shutdown()
 	return res, nil
-}
-
-// procMem reads VmRSS and VmHWM (KiB) of a process.
-func procMem(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if f := strings.Fields(v); ok && len(f) > 0 && (k == "VmRSS" || k == "VmHWM") {
-			n, err := strconv.ParseInt(f[0], 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
-			}
-			if k == "VmRSS" {
-				rss = n
-			} else {
-				hwm = n
-			}
-		}
-	}
-	if rss == 0 || hwm == 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS/VmHWM", pid)
-	}
-	return rss, hwm, nil
 }
