@@ -15,6 +15,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // witness is the real kill(2), recording what the watched directory held
@@ -134,7 +135,7 @@ func runReloader(t *testing.T, r *reload.Reloader) *inProcess {
 	r.OnReload = func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() }
 	r.Started = make(chan struct{})
 	if r.Log == nil {
-		sink := &logSink{}
+		sink := &testbin.SyncBuffer{}
 		r.Log = slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -157,22 +158,4 @@ func runReloader(t *testing.T, r *reload.Reloader) *inProcess {
 		t.Fatalf("reloader stopped: %v", err)
 	}
 	return p
-}
-
-// logSink keeps the reloader's log; it is printed when the test fails.
-type logSink struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
