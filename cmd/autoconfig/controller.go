@@ -60,6 +60,7 @@ type controllerOptions struct {
 	kubeconfig              string
 	metricsAddr             string
 	probeAddr               string
+	pprofAddr               string
 	leaderElect             bool
 	leaderElectionNamespace string
 	namespaces              []string
@@ -97,6 +98,7 @@ func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; \"0\" disables it")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz; \"0\" disables them")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "address of Go's /debug/pprof profiles (heap, CPU, goroutines), e.g. 127.0.0.1:6060; \"0\" disables them. Not authenticated: bind it to localhost")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one active replica through the Lease "+LeaderElectionID+" (required with more than one replica)")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace; required outside a cluster)")
 	fs.Var(cli.StringList{Values: &o.namespaces}, "namespace", "watch only this namespace (repeatable, or comma-separated); default: all namespaces. Must include every namespace routes reference (services, output ConfigMaps)")
@@ -164,10 +166,12 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		Scheme:                        scheme,
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true, // the standby takes over at once on a rollout
+		Client:                        controller.ClientOptions(),
 		Cache:                         controller.CacheOptions(o.namespaces),
 	})
 	if err != nil {

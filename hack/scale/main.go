@@ -64,6 +64,7 @@ type options struct {
 	ControllerFlags string
 	Keep            bool
 	EtcdFsync       bool
+	Profile         bool
 
 	shapes []shape
 }
@@ -98,6 +99,7 @@ func (o *options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Rev, "rev", "", "build the controller from this commit (exported with git archive; the working tree is not touched) instead of the working tree")
 	fs.StringVar(&o.ControllerFlags, "controller-flags", "", "extra flags for the controller command, space-separated, e.g. \"--max-concurrent-reconciles 8\" (default: none, the controller's defaults)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the temporary directory (controller logs, kubeconfig)")
+	fs.BoolVar(&o.Profile, "profile", false, "serve the controller's pprof on a local port and save its heap profile after the sync and after the rollout into the run's directory (implies -keep; the controller must have --pprof-bind-address)")
 	fs.BoolVar(&o.EtcdFsync, "etcd-fsync", false, "let etcd fsync its writes (off by default: setup is faster and the controller, not the disk, is measured)")
 }
 
@@ -108,6 +110,9 @@ func (o *options) Validate() error {
 		errs = append(errs, err)
 	}
 	o.shapes = shapes
+	if o.Profile {
+		o.Keep = true
+	}
 	for _, s := range shapes {
 		if s.Routes > o.Pods {
 			errs = append(errs, fmt.Errorf("-matrix %s: more routes than -pods %d (every route needs a pod)", s, o.Pods))

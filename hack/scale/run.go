@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,6 +168,13 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 
 	// The controller, started after the cluster exists.
 	args := []string{"controller", "--kubeconfig", cl.kubeconfig, "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}
+	var pprofAddr string
+	if o.Profile {
+		if pprofAddr, err = freeAddr(); err != nil {
+			return fail(err)
+		}
+		args = append(args, "--pprof-bind-address", pprofAddr)
+	}
 	args = append(args, strings.Fields(o.ControllerFlags)...)
 	api0 := markAPI(ctx, cl)
 	phase.set("sync")
@@ -203,6 +213,9 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	}
 	if res.Memory.RSSAfterSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
 		return fail(err)
+	}
+	if pprofAddr != "" {
+		b.saveHeap(ctx, pprofAddr, filepath.Join(dir, "heap-after-sync.pb.gz"))
 	}
 	phase.set("idle")
 	api1 := markAPI(ctx, cl)
@@ -260,6 +273,9 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	scancel()
 	smp.mu.Lock()
 	res.Memory.RSSEndKiB, res.Memory.HWMKiB = rss, hwm
+	if pprofAddr != "" {
+		b.saveHeap(ctx, pprofAddr, filepath.Join(dir, "heap-after-rollout.pb.gz"))
+	}
 	res.Memory.MaxSampledKiB, res.Memory.Samples = max(smp.all, rss), smp.n
 	smp.mu.Unlock()
 	if err := ctrl.stop(); err != nil {
@@ -405,3 +421,37 @@ func (b *bench) runFloor(ctx context.Context, kubeconfig, dir string) (*floorRes
 }
 
 func mib(kib int64) string { return fmt.Sprintf("%.1f MiB", float64(kib)/1024) }
+
+// freeAddr is a free localhost TCP address.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// saveHeap saves the controller's heap profile (after a GC) to path; a
+// failure is logged, the run goes on.
+func (b *bench) saveHeap(ctx context.Context, addr, path string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/debug/pprof/heap?gc=1", nil)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			defer resp.Body.Close()
+			var f *os.File
+			if f, err = os.Create(path); err == nil {
+				_, err = io.Copy(f, resp.Body)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+		}
+	}
+	if err != nil {
+		b.logf("heap profile: %v", err)
+		return
+	}
+	b.logf("heap profile saved to %s (go tool pprof %s)", path, path)
+}

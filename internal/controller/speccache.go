@@ -5,6 +5,7 @@ package controller
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -19,7 +20,13 @@ import (
 type specCache struct {
 	mu sync.Mutex
 	m  map[types.UID]specEntry
+	// slots bound the validations run at once to the CPUs: CUE's
+	// evaluation is CPU-bound, so more at once only adds to the heap (at
+	// start-up, every route is validated by --max-concurrent-reconciles
+	// reconciles in parallel, each evaluation allocating ~300 KB).
+	slots chan struct{}
 }
+
 
 type specEntry struct {
 	name       types.NamespacedName
@@ -31,11 +38,17 @@ type specEntry struct {
 func (c *specCache) validate(v Validator, route *v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error) {
 	c.mu.Lock()
 	e, ok := c.m[route.UID]
+	if c.slots == nil {
+		c.slots = make(chan struct{}, runtime.GOMAXPROCS(0))
+	}
+	slots := c.slots
 	c.mu.Unlock()
 	if ok && e.generation == route.Generation {
 		return e.spec, e.err
 	}
+	slots <- struct{}{}
 	spec, err := v.ValidateObject(route)
+	<-slots
 	specValidations.Inc()
 	var inv *schema.InvalidError
 	if err != nil && !errors.As(err, &inv) {

@@ -2,11 +2,13 @@ package controller
 
 import (
 	"context"
+	"maps"
 	"reflect"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -27,13 +29,14 @@ import (
 )
 
 // CacheOptions are the manager cache options the controller needs: managed
-// fields stripped from everything and, when namespaces is not empty,
-// namespaced objects cached only there (Nodes are cluster-scoped and always
-// cached, metadata only). Pods are not in the manager's cache: they are
-// cached per namespace, only while a route selects pods there (podCaches).
+// fields and kubectl's last-applied copy stripped from everything and, when
+// namespaces is not empty, namespaced objects cached only there (Nodes are
+// cluster-scoped and always cached, metadata only; ConfigMaps metadata
+// only). Pods are not in the manager's cache: they are cached per
+// namespace, only while a route selects pods there (podCaches).
 func CacheOptions(namespaces []string) cache.Options {
 	o := cache.Options{
-		DefaultTransform: cache.TransformStripManagedFields(), // never read, often the largest part
+		DefaultTransform: stripUnread,
 	}
 	if len(namespaces) > 0 {
 		o.DefaultNamespaces = map[string]cache.Config{}
@@ -42,6 +45,30 @@ func CacheOptions(namespaces []string) cache.Options {
 		}
 	}
 	return o
+}
+
+// ClientOptions are the manager client options the controller needs:
+// ConfigMaps are never read from the cache (it holds their metadata only;
+// a typed read would start a cache of every ConfigMap in the cluster).
+func ClientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}}
+}
+
+// stripUnread drops from every cached object what the controller never
+// reads and what is often its largest part: managed fields, and the copy
+// of the whole object kubectl apply keeps in an annotation.
+func stripUnread(o any) (any, error) {
+	if a, err := meta.Accessor(o); err == nil {
+		if a.GetManagedFields() != nil { // as controller-runtime's TransformStripManagedFields
+			a.SetManagedFields(nil)
+		}
+		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
+			ann = maps.Clone(ann)
+			delete(ann, corev1.LastAppliedConfigAnnotation)
+			a.SetAnnotations(ann)
+		}
+	}
+	return o, nil
 }
 
 // SetupWithManager registers the field indexes and the controller with its
@@ -71,7 +98,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
-		Watches(&corev1.ConfigMap{}, r.configMapHandler()).
+		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)}).
 		Build(r)
 	if err != nil {
@@ -256,12 +283,15 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 	return out
 }
 
-// configMapHandler re-renders routes on output ConfigMap events: all
-// referencing routes when it appears, disappears or its
-// allowed-route-namespaces annotation changes; otherwise only the routes
-// whose own keys changed (someone edited them, or the CART chart changed
-// the base config) and the routes waiting on it (too large, a key held by
-// another), so one route's write does not re-render its neighbours.
+// configMapHandler re-renders routes on output ConfigMap events (metadata
+// only: the controller does not cache ConfigMaps, see sink's content.go):
+// all referencing routes when it appears, disappears or its
+// allowed-route-namespaces annotation changes; otherwise the routes waiting
+// on it (too large, a key held by another) and the routes whose own keys
+// changed — someone edited them, or the CART chart changed the base config
+// — which the writer tells (Seen: our own writes it knows, another
+// writer's version it reads once), so one route's write does not re-render
+// its neighbours.
 func (r *Reconciler) configMapHandler() handler.EventHandler {
 	all := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		for _, req := range requests(r.routesBy(ctx, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
@@ -273,35 +303,46 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			all(ctx, e.Object, q)
 		},
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.writer.Forget(e.Object.GetNamespace() + "/" + e.Object.GetName())
 			all(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			oldCM, ok1 := e.ObjectOld.(*corev1.ConfigMap)
-			newCM, ok2 := e.ObjectNew.(*corev1.ConfigMap)
-			if !ok1 || !ok2 || oldCM.Annotations[sink.AllowedNamespacesAnnotation] != newCM.Annotations[sink.AllowedNamespacesAnnotation] {
+			if e.ObjectOld.GetAnnotations()[sink.AllowedNamespacesAnnotation] != e.ObjectNew.GetAnnotations()[sink.AllowedNamespacesAnnotation] {
 				all(ctx, e.ObjectNew, q)
 				return
 			}
-			ref := newCM.Namespace + "/" + newCM.Name
+			if e.ObjectOld.GetResourceVersion() == e.ObjectNew.GetResourceVersion() {
+				return // a resync
+			}
+			ref := e.ObjectNew.GetNamespace() + "/" + e.ObjectNew.GetName()
 			for _, key := range r.waiting.on(ref) {
 				q.Add(reconcile.Request{NamespacedName: key})
 			}
-			for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
-				key := client.ObjectKeyFromObject(&rt)
-				owned, known := r.owned.get(key)
-				if !known || slices.ContainsFunc(owned[ref], func(k string) bool {
-					changed := oldCM.Data[k] != newCM.Data[k] || hasKey(oldCM, k) != hasKey(newCM, k)
-					// The route's own write is not a change to react to.
-					return changed && !(hasKey(newCM, k) && r.owned.ownValue(key, ref, k, newCM.Data[k]))
-				}) {
-					q.Add(reconcile.Request{NamespacedName: key})
-				}
-			}
+			// Seen waits for a write of this ConfigMap in flight and may
+			// read it: not in the informer's goroutine.
+			rv := e.ObjectNew.GetResourceVersion()
+			go r.changedKeys(ctx, ref, rv, q)
 		},
 	}
 }
 
-func hasKey(cm *corev1.ConfigMap, k string) bool {
-	_, ok := cm.Data[k]
-	return ok
+// changedKeys queues the routes whose keys in ref changed, as the writer
+// tells at resourceVersion rv, other than by their own writes.
+func (r *Reconciler) changedKeys(ctx context.Context, ref, rv string, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	ch, err := r.writer.Seen(ctx, ref, rv)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "read a changed configmap; re-rendering its routes", "configmap", ref)
+		ch.All = true
+	}
+	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
+		key := client.ObjectKeyFromObject(&rt)
+		owned, known := r.owned.get(key)
+		if ch.All || (!known && len(ch.Keys) > 0) || slices.ContainsFunc(owned[ref], func(k string) bool {
+			v, changed := ch.Keys[k]
+			// The route's own write is not a change to react to.
+			return changed && !(v != nil && r.owned.ownValue(key, ref, k, *v))
+		}) {
+			q.Add(reconcile.Request{NamespacedName: key})
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -42,24 +41,24 @@ type result struct {
 }
 
 // cmWriter is the one writer of a ConfigMap: it batches requests and
-// remembers its last write until the cache has seen it.
+// knows the content (content.go).
 type cmWriter struct {
 	mu        sync.Mutex
 	pending   []*request
 	scheduled bool
 
-	write sync.Mutex // serialises the flushes of this ConfigMap
-	known *written   // our last write, until the cache shows it
-	// superseded are resourceVersions known to be older than known's:
+	write sync.Mutex // serialises the writes of this ConfigMap; guards the rest
+	// content is the ConfigMap as our last read or write left it (never
+	// modified: replaced).
+	content *corev1.ConfigMap
+	// superseded are resourceVersions known to be older than content's:
 	// the ones our writes were based on, and stale reads a patch test
 	// refused. A cache still showing one of them is behind us.
 	superseded map[string]bool
-}
-
-// written is the ConfigMap as our last patch left it.
-type written struct {
-	base string // the resourceVersion the patch was made on
-	cm   *corev1.ConfigMap
+	// ours are the resourceVersions our patches produced.
+	ours map[string]bool
+	// changes are the keys changed since the last Seen.
+	changes Changes
 }
 
 func (w *Writer) cmWriter(ref string) *cmWriter {
@@ -123,17 +122,19 @@ func (w *Writer) flush(ctx context.Context, ref string, cw *cmWriter) {
 // round (which reads the content this round left: a second claimant of a
 // new key sees the first one's mark).
 func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*request) (rest []*request) {
-	ns, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		finish(batch, result{err: fmt.Errorf("configmap reference %q is not ns/name", ref)})
+	key, err := objectKey(ref)
+	if err != nil {
+		finish(batch, result{err: err})
 		return nil
 	}
-	key := client.ObjectKey{Namespace: ns, Name: name}
 	fresh := false
 	var lastErr error
-	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
+	err = wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
 		cm, err := w.read(ctx, key, cw, fresh)
 		if r, final := settled(err); final {
+			if r.state == Missing {
+				w.forgetLocked(cw)
+			}
 			finish(batch, r)
 			rest = nil
 			return true, nil
@@ -201,6 +202,9 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			return true, nil
 		}
 		if r, final := settled(err); final {
+			if r.state == Missing {
+				w.forgetLocked(cw)
+			}
 			finish(batch, r)
 			rest = nil
 			return true, nil
@@ -222,58 +226,30 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 // then answers every request of res.
 func (w *Writer) oneByOne(ctx context.Context, ref string, cw *cmWriter, in []*request, res map[*request]result) {
 	for _, req := range in {
-		st, rerr, blocked, err := w.update(ctx, ref, req.routeNS, req.change)
+		st, rerr, blocked, err := w.updateLocked(ctx, ref, cw, req.routeNS, req.change)
 		res[req] = result{state: st, renderErr: rerr, blocked: blocked, err: err}
 	}
-	cw.known = nil
 	finishEach(res)
-}
-
-// read returns the content to decide on: the API server's (fresh), else
-// our last write while the cache has not caught up with it, else the
-// cache's.
-func (w *Writer) read(ctx context.Context, key client.ObjectKey, cw *cmWriter, fresh bool) (*corev1.ConfigMap, error) {
-	reader := client.Reader(w.Client)
-	if fresh && w.APIReader != nil {
-		reader = w.APIReader
-	}
-	var cm corev1.ConfigMap
-	if err := reader.Get(ctx, key, &cm); err != nil {
-		return nil, err
-	}
-	if !fresh && cw.known != nil {
-		switch {
-		case cm.ResourceVersion == cw.known.base || cw.superseded[cm.ResourceVersion]:
-			return cw.known.cm.DeepCopy(), nil // the cache is behind our write
-		default:
-			// The cache shows our write or something we have not seen
-			// (another writer's): decide on it; a test settles the rest.
-			cw.known, cw.superseded = nil, nil
-		}
-	}
-	return &cm, nil
-}
-
-// supersede records that rv is older than what we know of the ConfigMap.
-func (cw *cmWriter) supersede(rv string) {
-	if cw.superseded == nil {
-		cw.superseded = map[string]bool{}
-	}
-	cw.superseded[rv] = true
 }
 
 // patchBatch sends set as one per-key compare-and-swap patch. A key added
 // where the content showed none is guarded by the resourceVersion (JSON
 // patch cannot test absence): a stale read fails instead of overwriting a
 // key someone else just added, so no fresh read is needed before adding.
-// The response is requested as metadata only: the ConfigMap is not sent
-// back and decoded for nothing.
 func (w *Writer) patchBatch(ctx context.Context, cm *corev1.ConfigMap, set map[string]*string, exclusive []string, cw *cmWriter) error {
 	for k, v := range set {
 		if _, had := cm.Data[k]; v != nil && !had && !slices.Contains(exclusive, k) {
 			exclusive = append(exclusive, k)
 		}
 	}
+	return w.patch(ctx, cm, set, exclusive, cw)
+}
+
+// patch sends set, decided on cm, as one per-key compare-and-swap patch
+// (exclusive: absent keys whose addition tests the resourceVersion) and
+// records the write. The response is requested as metadata only: the
+// ConfigMap is not sent back and decoded for nothing.
+func (w *Writer) patch(ctx context.Context, cm *corev1.ConfigMap, set map[string]*string, exclusive []string, cw *cmWriter) error {
 	var p client.Patch
 	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, set, exclusive)
 	if err == nil && !ok {
@@ -286,25 +262,12 @@ func (w *Writer) patchBatch(ctx context.Context, cm *corev1.ConfigMap, set map[s
 		return err
 	}
 	meta := &metav1.PartialObjectMetadata{}
-	meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	meta.SetGroupVersionKind(configMapGVK)
 	meta.Namespace, meta.Name = cm.Namespace, cm.Name
 	if err := w.Client.Patch(ctx, meta, p); err != nil {
 		return err
 	}
-	next := cm.DeepCopy()
-	if next.Data == nil {
-		next.Data = map[string]string{}
-	}
-	for k, v := range set {
-		if v == nil {
-			delete(next.Data, k)
-		} else {
-			next.Data[k] = *v
-		}
-	}
-	next.ResourceVersion = meta.ResourceVersion
-	cw.known = &written{base: cm.ResourceVersion, cm: next}
-	cw.supersede(cm.ResourceVersion)
+	cw.wrote(cm, set, meta.ResourceVersion)
 	return nil
 }
 

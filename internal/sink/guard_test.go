@@ -241,6 +241,18 @@ type staleReader struct {
 }
 
 func (s *staleReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
-	s.stale.DeepCopyInto(obj.(*corev1.ConfigMap))
+	serve(s.stale, obj)
 	return nil
+}
+
+// serve answers a read of obj (the ConfigMap or its metadata) with cm.
+func serve(cm *corev1.ConfigMap, obj client.Object) {
+	switch o := obj.(type) {
+	case *corev1.ConfigMap:
+		cm.DeepCopyInto(o)
+	case *metav1.PartialObjectMetadata:
+		cm.ObjectMeta.DeepCopyInto(&o.ObjectMeta)
+	default:
+		panic(fmt.Sprintf("unexpected read of %T", obj))
+	}
 }

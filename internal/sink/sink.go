@@ -304,32 +304,39 @@ func (w *Writer) Remove(ctx context.Context, routeNS string, keys map[string][]s
 // maxAttempts times with conflictBackoff. The second result is a render or
 // size error (RenderFailed, TooLarge), the third the keys change blocked.
 func (w *Writer) update(ctx context.Context, ref, routeNS string, change changeFunc) (State, error, []KeyError, error) {
-	ns, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		return "", nil, nil, fmt.Errorf("configmap reference %q is not ns/name", ref)
+	cw := w.cmWriter(ref)
+	cw.write.Lock()
+	defer cw.write.Unlock()
+	return w.updateLocked(ctx, ref, cw, routeNS, change)
+}
+
+// updateLocked is update with cw.write held.
+func (w *Writer) updateLocked(ctx context.Context, ref string, cw *cmWriter, routeNS string, change changeFunc) (State, error, []KeyError, error) {
+	key, err := objectKey(ref)
+	if err != nil {
+		return "", nil, nil, err
 	}
-	key := client.ObjectKey{Namespace: ns, Name: name}
 	var (
-		reader    client.Reader = w.Client
+		fresh     bool
 		state     State
 		renderErr error
 		blocked   []KeyError
 		patchErr  error
 	)
-	err := wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
-		state, renderErr, blocked, patchErr = w.tryUpdate(ctx, reader, key, routeNS, change)
+	err = wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
+		state, renderErr, blocked, patchErr = w.tryUpdate(ctx, key, cw, fresh, routeNS, change)
 		switch {
 		case patchErr == nil:
 			return true, nil
-		case w.APIReader != nil && (apierrors.IsConflict(patchErr) || patchNotApplicable(patchErr)):
-			reader = w.APIReader // read the truth and redo
+		case apierrors.IsConflict(patchErr) || patchNotApplicable(patchErr):
+			fresh = true // read the truth and redo
 			return false, nil
 		case apierrors.IsInvalid(patchErr):
 			// The patched object is invalid. Our read may have been
 			// behind (another writer grew the ConfigMap past the size
 			// check): read the truth once; a second refusal is final.
-			if w.APIReader != nil && reader != w.APIReader {
-				reader = w.APIReader
+			if !fresh {
+				fresh = true
 				return false, nil
 			}
 			state, renderErr, patchErr = Rejected, patchErr, nil
@@ -379,23 +386,24 @@ type changeFunc func(*corev1.ConfigMap) (change, error)
 // before the first retry, then doubling (jittered, at most 500ms).
 var conflictBackoff = wait.Backoff{Steps: maxAttempts, Duration: 5 * time.Millisecond, Factor: 2, Jitter: 1, Cap: 500 * time.Millisecond}
 
-// tryUpdate is one attempt of update: read cm through reader, render,
-// patch. The error is a read error (wrapped) or the patch's own error.
-func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client.ObjectKey, routeNS string, decide changeFunc) (State, error, []KeyError, error) {
-	var cm corev1.ConfigMap
-	if err := reader.Get(ctx, key, &cm); err != nil {
-		switch {
-		case apierrors.IsNotFound(err):
-			return Missing, nil, nil, nil
-		case apierrors.IsForbidden(err):
-			return Forbidden, err, nil, nil
+// tryUpdate is one attempt of update: read key (fresh: from the API
+// server), render, patch. The error is a read error (wrapped) or the
+// patch's own error.
+func (w *Writer) tryUpdate(ctx context.Context, key client.ObjectKey, cw *cmWriter, fresh bool, routeNS string, decide changeFunc) (State, error, []KeyError, error) {
+	cm, fresh, err := w.readKnown(ctx, key, cw, fresh)
+	if err != nil {
+		if r, final := settled(err); final {
+			if r.state == Missing {
+				w.forgetLocked(cw)
+			}
+			return r.state, r.renderErr, nil, nil
 		}
 		return "", nil, nil, fmt.Errorf("get configmap %s: %w", key, err)
 	}
-	if !Granted(&cm, routeNS, w.Trusted) {
+	if !Granted(cm, routeNS, w.Trusted) {
 		return NotPermitted, nil, nil, nil
 	}
-	ch, err := decide(&cm)
+	ch, err := decide(cm)
 	changed, blocked := ch.set, ch.blocked
 	if err != nil {
 		return RenderFailed, err, blocked, nil
@@ -403,35 +411,30 @@ func (w *Writer) tryUpdate(ctx context.Context, reader client.Reader, key client
 	if len(changed) == 0 {
 		return Unchanged, nil, blocked, nil
 	}
-	if reader != w.APIReader && w.APIReader != nil && addsAbsentKey(cm.Data, changed) {
-		// A key absent from the cache is added without a test of its
-		// value (JSON patch cannot test absence), so a stale cache would
+	if !fresh && addsAbsentKey(cm.Data, changed) {
+		// A key absent from what we know is added without a test of its
+		// value (JSON patch cannot test absence), so a stale read would
 		// mean a redundant write, or one over a key another route has
 		// just claimed: read the truth first. This costs one GET, only
-		// when a key first appears.
-		return w.tryUpdate(ctx, w.APIReader, key, routeNS, decide)
+		// when a key first appears. (The batched path guards such keys
+		// with the resourceVersion instead: it is the ConfigMap's only
+		// writer in this process.)
+		return w.tryUpdate(ctx, key, cw, true, routeNS, decide)
 	}
-	if size, grows := sizeAfter(&cm, changed); grows && size > MaxSize {
-		return TooLarge, tooLarge(key, &cm, changed, size), blocked, nil
+	if size, grows := sizeAfter(cm, changed); grows && size > MaxSize {
+		return TooLarge, tooLarge(key, cm, changed, size), blocked, nil
 	}
-	var p client.Patch
-	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, changed, ch.exclusive)
-	if err == nil && !ok {
-		b, err = mergePatch(cm.ResourceVersion, changed)
-		p = client.RawPatch(mergePatchType, b)
-	} else {
-		p = client.RawPatch(jsonPatch, b)
-	}
-	if err != nil {
-		return "", nil, blocked, err
-	}
-	switch err := w.Client.Patch(ctx, &cm, p); {
+	switch err := w.patch(ctx, cm, changed, ch.exclusive, cw); {
 	case err == nil:
 		return Written, nil, blocked, nil
 	case apierrors.IsNotFound(err):
+		w.forgetLocked(cw)
 		return Missing, nil, blocked, nil
 	case apierrors.IsForbidden(err):
 		return Forbidden, err, blocked, nil
+	case apierrors.IsConflict(err) || apierrors.IsInvalid(err):
+		cw.supersede(cm.ResourceVersion)
+		return "", nil, blocked, err
 	default:
 		return "", nil, blocked, fmt.Errorf("patch configmap %s: %w", key, err)
 	}
@@ -525,31 +528,42 @@ func (w *Writer) Check(ctx context.Context, routeNS string, keys map[string][]st
 	var res []Outcome
 	var errs []error
 	for _, ref := range slices.Sorted(maps.Keys(keys)) {
-		ns, name, ok := strings.Cut(ref, "/")
-		if !ok {
-			errs = append(errs, fmt.Errorf("configmap reference %q is not ns/name", ref))
+		o, err := w.check(ctx, ref, routeNS, keys[ref], guard)
+		if err != nil {
+			errs = append(errs, err)
 			continue
-		}
-		o := Outcome{ConfigMap: ref, State: Unchanged, Keys: keys[ref]}
-		var cm corev1.ConfigMap
-		switch err := w.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cm); {
-		case apierrors.IsNotFound(err):
-			o.State = Missing
-		case apierrors.IsForbidden(err):
-			o.State, o.Err = Forbidden, err
-		case err != nil:
-			errs = append(errs, fmt.Errorf("get configmap %s: %w", ref, err))
-			continue
-		case !Granted(&cm, routeNS, w.Trusted):
-			o.State = NotPermitted
-		case guard != nil:
-			for _, k := range o.Keys {
-				if _, err := guard(&cm, k); err != nil {
-					o.Blocked = append(o.Blocked, KeyError{k, err})
-				}
-			}
 		}
 		res = append(res, o)
 	}
 	return res, errors.Join(errs...)
+}
+
+func (w *Writer) check(ctx context.Context, ref, routeNS string, keys []string, guard Guard) (Outcome, error) {
+	key, err := objectKey(ref)
+	if err != nil {
+		return Outcome{}, err
+	}
+	cw := w.cmWriter(ref)
+	cw.write.Lock()
+	defer cw.write.Unlock()
+	o := Outcome{ConfigMap: ref, State: Unchanged, Keys: keys}
+	cm, err := w.read(ctx, key, cw, false)
+	switch {
+	case apierrors.IsNotFound(err):
+		w.forgetLocked(cw)
+		o.State = Missing
+	case apierrors.IsForbidden(err):
+		o.State, o.Err = Forbidden, err
+	case err != nil:
+		return Outcome{}, fmt.Errorf("get configmap %s: %w", ref, err)
+	case !Granted(cm, routeNS, w.Trusted):
+		o.State = NotPermitted
+	case guard != nil:
+		for _, k := range o.Keys {
+			if _, err := guard(cm, k); err != nil {
+				o.Blocked = append(o.Blocked, KeyError{k, err})
+			}
+		}
+	}
+	return o, nil
 }
