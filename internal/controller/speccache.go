@@ -27,7 +27,6 @@ type specCache struct {
 	slots chan struct{}
 }
 
-
 type specEntry struct {
 	name       types.NamespacedName
 	generation int64
