@@ -88,6 +88,11 @@ type memResult struct {
 	// after -settle more.
 	RSSAtSyncKiB    int64 `json:"rssAtSyncKiB"`
 	RSSAfterSyncKiB int64 `json:"rssAfterSyncKiB"`
+	// AnonAfterSyncKiB and FileAfterSyncKiB split RSSAfterSyncKiB:
+	// RssAnon (heap, stacks, runtime) and RssFile (mostly the binary's
+	// code and read-only data).
+	AnonAfterSyncKiB int64 `json:"rssAnonAfterSyncKiB"`
+	FileAfterSyncKiB int64 `json:"rssFileAfterSyncKiB"`
 	// RSSEndKiB is VmRSS after the rollout settled.
 	RSSEndKiB int64 `json:"rssEndKiB"`
 	// HWMKiB is VmHWM (peak RSS) at the end of the run.
@@ -214,6 +219,9 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	if res.Memory.RSSAfterSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
 		return fail(err)
 	}
+	if res.Memory.AnonAfterSyncKiB, res.Memory.FileAfterSyncKiB, err = procmem.Split(ctrl.pid()); err != nil {
+		return fail(err)
+	}
 	if pprofAddr != "" {
 		b.saveHeap(ctx, pprofAddr, filepath.Join(dir, "heap-after-sync.pb.gz"))
 	}
@@ -290,8 +298,9 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	res.Floor = fr
 	res.RatioAfterSync = float64(res.Memory.RSSAfterSyncKiB) / float64(fr.RSSKiB)
 	res.RatioPeak = float64(res.Memory.HWMKiB) / float64(fr.HWMKiB)
-	b.logf("floor: %d EndpointSlices cached, VmRSS %s, VmHWM %s; controller VmRSS after sync %s (%.1f×), VmHWM %s",
-		fr.Slices, mib(fr.RSSKiB), mib(fr.HWMKiB), mib(res.Memory.RSSAfterSyncKiB), res.RatioAfterSync, mib(res.Memory.HWMKiB))
+	b.logf("floor: %d EndpointSlices cached, VmRSS %s (anon %s, file %s), VmHWM %s; controller VmRSS after sync %s (anon %s, file %s; %.1f×), VmHWM %s",
+		fr.Slices, mib(fr.RSSKiB), mib(fr.AnonKiB), mib(fr.FileKiB), mib(fr.HWMKiB),
+		mib(res.Memory.RSSAfterSyncKiB), mib(res.Memory.AnonAfterSyncKiB), mib(res.Memory.FileAfterSyncKiB), res.RatioAfterSync, mib(res.Memory.HWMKiB))
 	return res
 }
 
@@ -387,6 +396,8 @@ func (b *bench) rollout(ctx context.Context, cl *cluster, w *world, rr *rolloutR
 // floorResult is the floor program's report (hack/scale/floor).
 type floorResult struct {
 	RSSKiB      int64   `json:"vmRSSKiB"`
+	AnonKiB     int64   `json:"rssAnonKiB"`
+	FileKiB     int64   `json:"rssFileKiB"`
 	HWMKiB      int64   `json:"vmHWMKiB"`
 	Slices      int     `json:"endpointSlices"`
 	SyncSeconds float64 `json:"syncSeconds"`

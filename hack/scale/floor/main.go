@@ -32,6 +32,8 @@ import (
 // Result is the floor's report, one JSON line on stdout.
 type Result struct {
 	RSSKiB      int64   `json:"vmRSSKiB"`
+	AnonKiB     int64   `json:"rssAnonKiB"`
+	FileKiB     int64   `json:"rssFileKiB"`
 	HWMKiB      int64   `json:"vmHWMKiB"`
 	Slices      int     `json:"endpointSlices"`
 	SyncSeconds float64 `json:"syncSeconds"`
@@ -87,6 +89,9 @@ func floor(kubeconfig string, settle, timeout time.Duration) (*Result, error) {
 	res := &Result{SyncSeconds: time.Since(start).Seconds(), Slices: len(inf.GetStore().ListKeys())}
 	time.Sleep(settle)
 	if res.RSSKiB, res.HWMKiB, err = procmem.Read(os.Getpid()); err != nil {
+		return nil, err
+	}
+	if res.AnonKiB, res.FileKiB, err = procmem.Split(os.Getpid()); err != nil {
 		return nil, err
 	}
 	cancel()
