@@ -158,10 +158,14 @@ func TestDefaultRender(t *testing.T) {
 		"ClusterRole /ac-autoconfig-nodes", "ClusterRoleBinding /ac-autoconfig-nodes",
 		"Role " + ns + "/ac-autoconfig-leader-election", "RoleBinding " + ns + "/ac-autoconfig-leader-election",
 		"Deployment " + ns + "/ac-autoconfig", "Service " + ns + "/ac-autoconfig-metrics",
+		"ValidatingAdmissionPolicy /ac-autoconfig-served-report", "ValidatingAdmissionPolicyBinding /ac-autoconfig-served-report",
 	} {
 		if !slices.Contains(rel.Kinds(), want) {
 			t.Errorf("default render lacks %s; got %v", want, rel.Kinds())
 		}
+	}
+	if off := render(t, "ac", ns, map[string]any{"servedReport": map[string]any{"admissionPolicy": false}}); off.Find("ValidatingAdmissionPolicy", "", "ac-autoconfig-served-report") != nil {
+		t.Errorf("servedReport.admissionPolicy=false still renders the policy")
 	}
 	for _, o := range rel.Objects {
 		if o.GetKind() == "ServiceMonitor" || o.GetKind() == "ModelRoute" {

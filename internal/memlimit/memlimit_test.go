@@ -48,3 +48,19 @@ func TestSet(t *testing.T) {
 		t.Fatalf("with GOMEMLIMIT: %d %q", got, why)
 	}
 }
+
+func TestSetGCPercent(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	t.Setenv("GOGC", "")
+	if got := SetGCPercent(50); got != "50" || debug.SetGCPercent(100) != 50 {
+		t.Fatalf("SetGCPercent(50) = %q, or GOGC not 50", got)
+	}
+	if got := SetGCPercent(0); got != "Go default (100)" || debug.SetGCPercent(100) != 100 {
+		t.Fatalf("SetGCPercent(0) = %q, or GOGC changed", got)
+	}
+	t.Setenv("GOGC", "200")
+	debug.SetGCPercent(200) // what the runtime read from the environment
+	if got := SetGCPercent(50); got != "GOGC=200 is set" || debug.SetGCPercent(200) != 200 {
+		t.Fatalf("with GOGC=200: %q, or GOGC overridden", got)
+	}
+}

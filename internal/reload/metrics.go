@@ -32,6 +32,7 @@ type Metrics struct {
 	ConfigMapWrites    *prometheus.CounterVec
 	LastConfigMapWrite prometheus.Gauge
 	QuarantinedKeys    prometheus.Gauge
+	ReportErrors       prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg with
@@ -75,11 +76,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "quarantined_keys",
 			Help: "API mode with --check-cmd: keys whose new version fails the check; their last good version stays on disk and the other keys are loaded.",
 		}),
+		ReportErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "served_report_errors_total",
+			Help: "With --pod-name: failed writes of the served-content annotation on the sidecar's own Pod (each is retried).",
+		}),
 	}
 	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError, ResultContentChanged} {
 		m.Reloads.WithLabelValues(r)
 	}
 	prometheus.WrapRegistererWithPrefix(MetricsPrefix, reg).MustRegister(
-		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys)
+		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys, m.ReportErrors)
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/spf13/pflag"
 )
 
@@ -85,6 +86,11 @@ type Options struct {
 	ConfigMap  string // ns/name, API mode
 	WriteDir   string
 	Kubeconfig string
+
+	// PodName and PodNamespace name the sidecar's own Pod: the served
+	// report goes there (served.go).
+	PodName      string
+	PodNamespace string
 }
 
 // AddFlags registers the options on fs with their defaults.
@@ -105,7 +111,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
 	fs.StringVar(&o.WriteDir, "write-dir", "", "API mode: directory the ConfigMap's keys are written into, in kubelet's ..data layout (also watched)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "API mode: kubeconfig file (default: in-cluster config)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "with --configmap or --pod-name: kubeconfig file (default: in-cluster config)")
+	fs.StringVar(&o.PodName, "pod-name", "", "the sidecar's own Pod (set PS_POD_NAME from the downward API, metadata.name): after the target loads a content, the ID of each key it loaded is recorded in the Pod's annotation "+served.Annotation+", which the controller reads to tell which pods serve a route's current output; needs get and patch on pods")
+	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "namespace of --pod-name (PS_POD_NAMESPACE from the downward API, metadata.namespace)")
 }
 
 // EnvName is the environment variable of a flag: PS_ + upper snake case.
@@ -134,8 +142,11 @@ func (o *Options) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if o.Kubeconfig != "" && o.ConfigMap == "" {
-		errs = append(errs, errors.New("--kubeconfig is only used with --configmap"))
+	if o.Kubeconfig != "" && o.ConfigMap == "" && o.PodName == "" {
+		errs = append(errs, errors.New("--kubeconfig is only used with --configmap or --pod-name"))
+	}
+	if (o.PodName == "") != (o.PodNamespace == "") {
+		errs = append(errs, errors.New("--pod-name and --pod-namespace go together (the downward API's metadata.name and metadata.namespace)"))
 	}
 	if _, err := ParseSignal(o.Signal); err != nil {
 		errs = append(errs, err)

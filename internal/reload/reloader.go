@@ -13,6 +13,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/modelsphere/autoconfig/internal/served"
 )
 
 // Signaller delivers a signal to a process.
@@ -85,6 +87,11 @@ type Reloader struct {
 	Write func(dir string, files map[string][]byte, now time.Time) (bool, error)
 	// Snapshot reads the watched directories (default TakeSnapshot).
 	Snapshot func(dirs []string) (Snapshot, error)
+
+	// Report, if set, is given what the target serves: the content present
+	// at start, then each content it was seen to load (served.go). It
+	// must not block.
+	Report func(served.Report)
 
 	// OnReload, if set, is called after every attempt (tests, benchmarks).
 	OnReload func(Outcome)
@@ -188,6 +195,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
 	r.loaded, r.seen = snap.Fingerprint, snap.Fingerprint
+	if r.Report != nil {
+		r.Report(servedReport(snap, served.HowStart, r.Now()))
+	}
 	var changes <-chan struct{}
 	if r.Source != nil {
 		if r.applied, err = readFiles(r.WriteDir); err != nil {
@@ -328,6 +338,13 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 	switch o.Result {
 	case ResultSuccess, ResultSignalled:
 		r.loaded = snap.Fingerprint
+		if r.Report != nil {
+			how := served.HowReload
+			if o.Result == ResultSignalled {
+				how = served.HowSignal
+			}
+			r.Report(servedReport(snap, how, r.Now()))
+		}
 		return nextDone
 	case ResultContentChanged:
 		return nextSettle

@@ -56,19 +56,21 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	m := NewMetrics(reg)
 
 	dirs := append([]string(nil), o.WatchDirs...)
+	var cs kubernetes.Interface
+	if o.ConfigMap != "" || o.PodName != "" {
+		cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
+		if err != nil {
+			return err
+		}
+		if cs, err = kubernetes.NewForConfig(cfg); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
 	var cmSync *ConfigMapSync
 	if o.ConfigMap != "" {
 		ns, name, err := SplitNamespacedName(o.ConfigMap)
 		if err != nil {
 			return err
-		}
-		cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
-		if err != nil {
-			return err
-		}
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return fmt.Errorf("kubernetes client: %w", err)
 		}
 		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
 			return fmt.Errorf("--write-dir: %w", err)
@@ -88,6 +90,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	if cmSync != nil {
 		r.Source, r.WriteDir = cmSync, o.WriteDir
+	}
+	var rep *PodReporter
+	if o.PodName != "" {
+		rep = &PodReporter{Client: cs, Namespace: o.PodNamespace, Name: o.PodName, RetryMax: o.RetryMax, Log: log, Metrics: m}
+		r.Report = rep.Report
 	}
 
 	var watching atomic.Bool
@@ -141,6 +148,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		}
 		return err
 	})
+	if rep != nil {
+		g.Go(func() error { return rep.Run(ctx) })
+	}
 	if cmSync != nil {
 		g.Go(func() error {
 			select {

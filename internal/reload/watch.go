@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -46,6 +47,10 @@ type Snapshot struct {
 	// "..data" target for kubelet's layout, else the directory's content
 	// hash. The same ID later means nothing was swapped in between.
 	ID string
+	// Keys are the SHA-256 (hex) of each visible regular file, by name:
+	// what the target serves once it loaded this content (the served
+	// report, served.go). A name in several directories is the first's.
+	Keys map[string]string
 }
 
 // TakeSnapshot fingerprints dirs with every kubelet directory pinned to the
@@ -54,10 +59,11 @@ type Snapshot struct {
 func TakeSnapshot(dirs []string) (Snapshot, error) {
 	h := sha256.New()
 	id := make([]string, 0, len(dirs))
+	keys := map[string]string{}
 	for _, d := range dirs {
 		target := dataTarget(d)
 		dh := sha256.New()
-		if err := hashDir(io.MultiWriter(h, dh), d, target); err != nil {
+		if err := hashDir(io.MultiWriter(h, dh), d, target, keys); err != nil {
 			return Snapshot{}, err
 		}
 		if target != "" {
@@ -66,7 +72,7 @@ func TakeSnapshot(dirs []string) (Snapshot, error) {
 			id = append(id, "hash:"+hex.EncodeToString(dh.Sum(nil)))
 		}
 	}
-	return Snapshot{Fingerprint: hex.EncodeToString(h.Sum(nil)), ID: strings.Join(id, "\x00")}, nil
+	return Snapshot{Fingerprint: hex.EncodeToString(h.Sum(nil)), ID: strings.Join(id, "\x00"), Keys: keys}, nil
 }
 
 // ContentID is the ID part of TakeSnapshot. For kubelet directories it
@@ -79,7 +85,7 @@ func ContentID(dirs []string) (string, error) {
 			continue
 		}
 		dh := sha256.New()
-		if err := hashDir(dh, d, ""); err != nil {
+		if err := hashDir(dh, d, "", nil); err != nil {
 			return "", err
 		}
 		id = append(id, "hash:"+hex.EncodeToString(dh.Sum(nil)))
@@ -109,8 +115,10 @@ func Fingerprint(dirs []string) (string, error) {
 
 // hashDir writes d's visible entries to h. With target set, a key link
 // "<key>" -> "..data/<key>" is read from the pinned target directory
-// instead of through "..data", which a swap may move meanwhile.
-func hashDir(h io.Writer, d, target string) error {
+// instead of through "..data", which a swap may move meanwhile. With keys
+// set, each regular file's own SHA-256 is added to it (unless the name is
+// there already).
+func hashDir(h io.Writer, d, target string, keys map[string]string) error {
 	ents, err := os.ReadDir(d)
 	if err != nil {
 		return err
@@ -148,10 +156,19 @@ func hashDir(h io.Writer, d, target string) error {
 			io.WriteString(h, "error\x00"+err.Error()+"\x00")
 			continue
 		}
-		_, err = io.Copy(h, f)
+		var kh hash.Hash
+		w := h
+		if _, dup := keys[n]; keys != nil && !dup {
+			kh = sha256.New()
+			w = io.MultiWriter(h, kh)
+		}
+		_, err = io.Copy(w, f)
 		f.Close()
 		if err != nil {
 			return err
+		}
+		if kh != nil {
+			keys[n] = hex.EncodeToString(kh.Sum(nil))
 		}
 		io.WriteString(h, "\x00end\x00")
 	}

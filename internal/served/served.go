@@ -1,0 +1,80 @@
+// Package served is the format of a consumer pod's served report: the
+// annotation its reload sidecar keeps on its own Pod, saying per key which
+// content the target process loaded and when. The controller reads it to
+// tell which consumer pods serve a route's current output.
+//
+// The channel is the Pod itself: the sidecar needs no network path from the
+// controller, writes nothing into the ConfigMaps, and may change the
+// annotation only on its own Pod — the ValidatingAdmissionPolicy the chart
+// ships compares the pod name bound into the request's service-account
+// token with the Pod being changed.
+package served
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Annotation is the Pod annotation holding the Report (JSON).
+const Annotation = "routing.modelsphere.dev/served"
+
+// How the target came to serve the content.
+const (
+	// HowReload: a HUP whose reload was verified (the target's workers
+	// were replaced), after the check command passed if one is set.
+	HowReload = "reload"
+	// HowSignal: the signal was delivered, but the target has no worker
+	// processes to show it reloaded (e.g. CART): served as far as a
+	// signal can tell.
+	HowSignal = "signal"
+	// HowStart: the content present when the sidecar started, taken as
+	// what the target started with.
+	HowStart = "start"
+)
+
+// IDLen is the length of an ID: the first 16 hex digits (64 bits) of the
+// SHA-256, enough to tell versions of one key apart and short enough for a
+// thousand keys to fit in an annotation.
+const IDLen = 16
+
+// ID is the content identity of a key's bytes.
+func ID(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:IDLen/2])
+}
+
+// IDOfSum is ID for a SHA-256 already computed.
+func IDOfSum(sum [sha256.Size]byte) string { return hex.EncodeToString(sum[:IDLen/2]) }
+
+// Report is what a consumer pod serves.
+type Report struct {
+	// At is when the target was seen to load the content.
+	At time.Time `json:"at"`
+	// How is HowReload, HowSignal or HowStart.
+	How string `json:"how"`
+	// Keys are the ID of each key the target loaded, by key (file name).
+	Keys map[string]string `json:"keys"`
+}
+
+// Marshal is the annotation value of r.
+func (r Report) Marshal() (string, error) {
+	b, err := json.Marshal(r)
+	return string(b), err
+}
+
+// Parse reads an annotation value.
+func Parse(s string) (Report, error) {
+	var r Report
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return Report{}, fmt.Errorf("annotation %s: %w", Annotation, err)
+	}
+	switch r.How {
+	case HowReload, HowSignal, HowStart:
+	default:
+		return Report{}, fmt.Errorf("annotation %s: how %q is not %s, %s or %s", Annotation, r.How, HowReload, HowSignal, HowStart)
+	}
+	return r, nil
+}
