@@ -174,7 +174,6 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		LeaderElectionID:              LeaderElectionID,
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true, // the standby takes over at once on a rollout
-		Client:                        controller.ClientOptions(),
 		Cache:                         controller.CacheOptions(o.namespaces),
 	})
 	if err != nil {

@@ -87,7 +87,6 @@ func TestReconcileAsServiceAccount(t *testing.T) {
 		Scheme:                  sch,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
-		Client:                  controller.ClientOptions(),
 		Cache:                   controller.CacheOptions([]string{routes, backends}),
 		LeaderElection:          true,
 		LeaderElectionID:        "autoconfig-rbac-test",

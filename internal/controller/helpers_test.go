@@ -180,7 +180,6 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 		Scheme:                 testScheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Client:                 ClientOptions(),
 		Cache:                  CacheOptions(namespaces),
 		Controller:             config.Controller{SkipNameValidation: &skip},
 	})

@@ -34,9 +34,14 @@ import (
 // cluster-scoped and always cached, metadata only; ConfigMaps metadata
 // only). Pods are not in the manager's cache: they are cached per
 // namespace, only while a route selects pods there (podCaches).
+//
+// A read of a kind the controller does not watch fails instead of starting
+// a cache of it (ErrResourceNotCached): a typed ConfigMap read through the
+// cache would otherwise cache every ConfigMap of the cluster in full.
 func CacheOptions(namespaces []string) cache.Options {
 	o := cache.Options{
-		DefaultTransform: stripUnread,
+		DefaultTransform:            stripUnread,
+		ReaderFailOnMissingInformer: true,
 	}
 	if len(namespaces) > 0 {
 		o.DefaultNamespaces = map[string]cache.Config{}
@@ -45,13 +50,6 @@ func CacheOptions(namespaces []string) cache.Options {
 		}
 	}
 	return o
-}
-
-// ClientOptions are the manager client options the controller needs:
-// ConfigMaps are never read from the cache (it holds their metadata only;
-// a typed read would start a cache of every ConfigMap in the cluster).
-func ClientOptions() client.Options {
-	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}}
 }
 
 // stripUnread drops from every cached object what the controller never
