@@ -82,10 +82,15 @@ func TestValidateTiming(t *testing.T) {
 	if err := parse(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
+	if err := parse("--pod-name", "p", "--pod-namespace", "ns", "--kubeconfig", "k"); err != nil {
+		t.Fatalf("a served report with a kubeconfig: %v", err)
+	}
 	for _, c := range []struct{ args []string }{
 		{[]string{"--resync", "0s"}},
 		{[]string{"--retry-max", "0s"}},
-		{[]string{"--debounce", "3s"}}, // beyond the default --max-delay 2s
+		{[]string{"--debounce", "3s"}},  // beyond the default --max-delay 2s
+		{[]string{"--pod-name", "p"}},   // without its namespace
+		{[]string{"--kubeconfig", "k"}}, // neither API mode nor a served report
 	} {
 		if err := parse(c.args...); err == nil {
 			t.Errorf("%v accepted", c.args)
