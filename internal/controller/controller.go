@@ -85,6 +85,7 @@ type Reconciler struct {
 
 	discovery *discovery.Reader
 	pods      *podCaches
+	applied   appliedTracker
 	writer    *sink.Writer
 	specs     specCache
 	owned     ownership
@@ -93,10 +94,11 @@ type Reconciler struct {
 
 // state is one reconcile's working set, passed along the steps.
 type state struct {
-	route  *v1alpha1.ModelRoute // live object; its Status is patched at the end
-	spec   *v1alpha1.ModelRoute // validated, defaulted copy
-	snap   compiler.Snapshot
-	result compiler.Result
+	started time.Time            // the reconcile's start
+	route   *v1alpha1.ModelRoute // live object; its Status is patched at the end
+	spec    *v1alpha1.ModelRoute // validated, defaulted copy
+	snap    compiler.Snapshot
+	result  compiler.Result
 	// fallback is the VIP of the route's owned fallback Service (FailOpen
 	// with selector discovery), fed into the snapshot's backend-svc tier.
 	fallback *compiler.ServiceVIP
@@ -125,7 +127,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	orig := route.DeepCopy()
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
 
-	st := &state{route: route}
+	st := &state{route: route, started: time.Now()}
 	if done, err := r.reconcileSpec(ctx, st); err != nil || done {
 		return ctrl.Result{}, err
 	}
@@ -159,6 +161,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		err = r.checkOutputs(ctx, st, unwatched)
 	}
 	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.reconcileConsumers(ctx, st); err != nil {
 		return ctrl.Result{}, err
 	}
 	report(st)
@@ -228,6 +233,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 
 // forget drops what the reconciler remembers about a route that is gone.
 func (r *Reconciler) forget(key types.NamespacedName) {
+	r.applied.forget(key)
 	r.owned.set(key, nil)
 	r.waiting.set(key, nil)
 	r.specs.forgetName(key)
@@ -267,6 +273,26 @@ func (o *ownership) setSums(key types.NamespacedName, cm string, sums map[string
 	for k, s := range sums {
 		m[cm+"\x00"+k] = s
 	}
+}
+
+// sumsIn are the Sums of the route's keys in cm as last decided.
+func (o *ownership) sumsIn(key types.NamespacedName, cm string) map[string]sink.Sum {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string]sink.Sum{}
+	for k, s := range o.sums[key] {
+		if c, name, ok := strings.Cut(k, "\x00"); ok && c == cm {
+			out[name] = s
+		}
+	}
+	return out
+}
+
+// keysIn are the route's keys in cm.
+func (o *ownership) keysIn(key types.NamespacedName, cm string) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.m[key][cm])
 }
 
 // ownValue reports whether value is what the route itself last left in

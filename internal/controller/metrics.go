@@ -17,8 +17,17 @@ var (
 		Name: "autoconfig_spec_validations_total",
 		Help: "CUE validations of a route spec (once per spec generation, not per endpoint change).",
 	})
+	appliedSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "autoconfig_applied_seconds",
+		Help:    "From the reconcile that changed a route's nginx output to the first reconcile that saw every consumer pod reporting it serves that output (status condition Applied=True).",
+		Buckets: prometheus.ExponentialBuckets(0.1, 2, 12),
+	})
+	consumerPodsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "autoconfig_route_consumer_pods",
+		Help: "A route's consumer pods (behind spec.nginx.service) by state: Synced (serve the current output), Stale (serve another: not reloaded yet, a failed check, a quarantined key), NotTracked (no served report).",
+	}, []string{"namespace", "route", "state"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(configMapWrites, specValidations)
+	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge)
 }

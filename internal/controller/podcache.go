@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -216,21 +218,38 @@ func (p *podCaches) Start(ctx context.Context) error {
 // mapPod, with podChanged dropping updates discovery does not read.
 func (r *Reconciler) podWatch(c controller.Controller) func(cache.Cache) error {
 	return func(pc cache.Cache) error {
-		return c.Watch(source.Kind[client.Object](pc, &corev1.Pod{},
-			handler.EnqueueRequestsFromMapFunc(r.mapPod), podChanged()))
+		if err := c.Watch(source.Kind[client.Object](pc, &corev1.Pod{},
+			handler.EnqueueRequestsFromMapFunc(r.mapPod), podChanged())); err != nil {
+			return err
+		}
+		return c.Watch(source.Kind[client.Object](pc, &corev1.Pod{}, r.consumerPodHandler()))
 	}
 }
 
-// selectorNamespaces lists the namespaces of the routes that select pods.
-func (r *Reconciler) selectorNamespaces(ctx context.Context) ([]string, error) {
+// podNamespaces lists the namespaces whose pods routes read: those of the
+// routes that select pods, and those of the consumer Services
+// (spec.nginx.service) whose pods report what they serve.
+func (r *Reconciler) podNamespaces(ctx context.Context) ([]string, error) {
 	var l v1alpha1.ModelRouteList
 	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	var out []string
+	add := func(ns string) {
+		if !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
 	for i := range l.Items {
-		if len(discovery.RouteSelectors(&l.Items[i])) > 0 && !slices.Contains(out, l.Items[i].Namespace) {
-			out = append(out, l.Items[i].Namespace)
+		rt := &l.Items[i]
+		if len(discovery.RouteSelectors(rt)) > 0 {
+			add(rt.Namespace)
+		}
+		if rt.Spec.Nginx.Service != "" {
+			ns, _, _ := strings.Cut(compiler.ResolveRef(compilerRoute(rt), rt.Spec.Nginx.Service), "/")
+			if r.watches(ns) {
+				add(ns)
+			}
 		}
 	}
 	return out, nil

@@ -106,7 +106,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if idle <= 0 {
 		idle = DefaultPodCacheIdle
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), inUse: r.selectorNamespaces, watch: r.podWatch(c), idle: idle}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), inUse: r.podNamespaces, watch: r.podWatch(c), idle: idle}
 	return mgr.Add(r.pods)
 }
 

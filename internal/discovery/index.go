@@ -20,6 +20,10 @@ const (
 	// IndexSliceService indexes EndpointSlices by "ns/service" (from the
 	// kubernetes.io/service-name label).
 	IndexSliceService = "discovery.routing.modelsphere.dev/service"
+	// IndexSlicePod indexes EndpointSlices by the pods ("ns/name") their
+	// endpoints point to (targetRef), to find the routes a consumer pod's
+	// served report concerns.
+	IndexSlicePod = "discovery.routing.modelsphere.dev/pod"
 	// IndexSliceNode indexes EndpointSlices by the node names of their
 	// endpoints (a GPU label change re-renders the routes on that node).
 	IndexSliceNode = "discovery.routing.modelsphere.dev/node"
@@ -126,6 +130,9 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 			}
 			return out
 		}},
+		{&discoveryv1.EndpointSlice{}, IndexSlicePod, func(o client.Object) []string {
+			return SlicePods(o.(*discoveryv1.EndpointSlice))
+		}},
 		{&v1alpha1.ModelRoute{}, IndexRouteService, func(o client.Object) []string {
 			return RouteServices(o.(*v1alpha1.ModelRoute))
 		}},
@@ -145,4 +152,25 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 		}
 	}
 	return nil
+}
+
+// SlicePods are the pods ("ns/name") the endpoints of s point to, not
+// terminating, sorted.
+func SlicePods(s *discoveryv1.EndpointSlice) []string {
+	var out []string
+	for _, ep := range s.Endpoints {
+		if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" || ep.TargetRef.Name == "" {
+			continue
+		}
+		if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating {
+			continue
+		}
+		ns := ep.TargetRef.Namespace
+		if ns == "" {
+			ns = s.Namespace
+		}
+		out = append(out, ns+"/"+ep.TargetRef.Name)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

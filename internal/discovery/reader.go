@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -196,6 +197,11 @@ func StripPod(obj any) (any, error) {
 		if c.Type == corev1.PodReady {
 			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
 		}
+	}
+	// A consumer pod's served report (its reload sidecar's), the only
+	// annotation the controller reads.
+	if v, ok := p.Annotations[served.Annotation]; ok {
+		out.Annotations = map[string]string{served.Annotation: v}
 	}
 	return out, nil
 }

@@ -75,6 +75,41 @@ type Status struct {
 	// outputConfigMap) are removed even when the change happened while the
 	// controller was down. Sorted by ConfigMap, then key.
 	Outputs []OutputKeys `json:"outputs,omitempty"`
+	// Consumers are the nginx entry pods (behind spec.nginx.service) and
+	// what each serves of the route's keys in its nginx output ConfigMap,
+	// as their reload sidecars report it (annotation
+	// routing.modelsphere.dev/served). Sorted by pod, then key.
+	Consumers []Consumer `json:"consumers,omitempty"`
+	// Synced is "n/m": n of the m consumer pods that report what they
+	// serve serve the route's current output. Empty when no pod reports.
+	Synced string `json:"synced,omitempty"`
+}
+
+// Consumer states.
+const (
+	// ConsumerSynced: the pod serves the key's current content.
+	ConsumerSynced = "Synced"
+	// ConsumerStale: the pod serves another content of the key (an older
+	// one, or none).
+	ConsumerStale = "Stale"
+	// ConsumerNotTracked: the pod does not report what it serves (no
+	// reload sidecar with --pod-name).
+	ConsumerNotTracked = "NotTracked"
+)
+
+// Consumer is one consumer pod and one key of the route.
+type Consumer struct {
+	// Pod is "namespace/name".
+	Pod string `json:"pod"`
+	// Key is the ConfigMap key.
+	Key string `json:"key"`
+	// State is Synced, Stale or NotTracked.
+	State string `json:"state"`
+	// Served is the content ID the pod reports for Key (the first 16 hex
+	// digits of its SHA-256); empty when it reports none.
+	Served string `json:"served,omitempty"`
+	// Since is when the pod reported loading what it serves.
+	Since *metav1.Time `json:"since,omitempty"`
 }
 
 // OutputKeys are the keys a route owns in one ConfigMap.

@@ -1,0 +1,131 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// consumerPods creates the openresty entry: pods and the Service's slice
+// pointing to them (as the EndpointSlice controller would).
+func consumerEntry(t *testing.T, ns, svc string, pods ...string) {
+	t.Helper()
+	ctx := context.Background()
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svc + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}},
+	}
+	for i, p := range pods {
+		must(t, k8s.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p, Labels: map[string]string{"app": svc}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}}},
+		}))
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{"10.9.0." + string(rune('1'+i))},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: p},
+		})
+	}
+	must(t, k8s.Create(ctx, s))
+}
+
+// reportServed sets pod's served annotation as its reload sidecar would
+// after loading content for key.
+func reportServed(t *testing.T, ns, pod, key, content string) {
+	t.Helper()
+	v, err := served.Report{At: time.Now().UTC().Truncate(time.Second), How: served.HowReload, Keys: map[string]string{key: served.ID([]byte(content)), "other.conf": "0000000000000000"}}.Marshal()
+	must(t, err)
+	b, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{served.Annotation: v}}})
+	must(t, k8s.Patch(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod}}, client.RawPatch(types.MergePatchType, b)))
+}
+
+func waitApplied(t *testing.T, ns, name string, status metav1.ConditionStatus, reason, synced string, msgHas ...string) *v1alpha1.ModelRoute {
+	t.Helper()
+	var got *v1alpha1.ModelRoute
+	eventually(t, "Applied="+string(status)+"/"+reason+" synced="+synced, func() (bool, string) {
+		got = getRoute(t, ns, name)
+		c := meta.FindStatusCondition(got.Status.Conditions, TypeApplied)
+		if c == nil {
+			return false, "no Applied condition"
+		}
+		ok := c.Status == status && c.Reason == reason && got.Status.Synced == synced
+		for _, m := range msgHas {
+			ok = ok && strings.Contains(c.Message, m)
+		}
+		return ok, string(c.Status) + "/" + c.Reason + " synced=" + got.Status.Synced + ": " + c.Message
+	})
+	return got
+}
+
+func appliedCount(t *testing.T) uint64 {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	must(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "autoconfig_applied_seconds" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
+// TestAppliedFollowsTheConsumersReports: the route's consumer pods (behind
+// spec.nginx.service) report what they serve; Applied and status.synced
+// say whether they all serve the route's current output, name the pods
+// that do not, and count a pod without a report as not tracked, not
+// stale. A scale-out makes Applied False until both pods report the new
+// content; autoconfig_applied_seconds observes the convergence.
+func TestAppliedFollowsTheConsumersReports(t *testing.T) {
+	ns := namespace(t, "applied")
+	startManager(t, ns)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.1.0.1"))
+	configMap(t, ns, "routes", map[string]string{"other.conf": "# not ours"}, nil)
+	consumerEntry(t, ns, "openresty", "openresty-0", "openresty-1", "openresty-2")
+	createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Service = "openresty" }))
+	key := routeKey("m")
+	v1 := waitKey(t, ns, "routes", key, []string{host("10.1.0.1")}, nil)
+	waitApplied(t, ns, "m", metav1.ConditionUnknown, ReasonNotTracked, "", "none of the 3 pods")
+
+	reportServed(t, ns, "openresty-0", key, v1)
+	reportServed(t, ns, "openresty-1", key, v1)
+	rt := waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "2/2", "not tracked (no served report): openresty-2")
+	states := map[string]string{}
+	for _, c := range rt.Status.Consumers {
+		if c.Key != key {
+			t.Fatalf("consumer entry for key %q, want only the route's %s: %+v", c.Key, key, rt.Status.Consumers)
+		}
+		states[c.Pod] = c.State
+	}
+	if states[ns+"/openresty-0"] != v1alpha1.ConsumerSynced || states[ns+"/openresty-2"] != v1alpha1.ConsumerNotTracked || len(states) != 3 {
+		t.Fatalf("consumers: %+v", rt.Status.Consumers)
+	}
+
+	// Scale out: the new output is not served yet.
+	before := appliedCount(t)
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.1.0.1", "10.1.0.2"))
+	v2 := waitKey(t, ns, "routes", key, []string{host("10.1.0.2")}, nil)
+	waitApplied(t, ns, "m", metav1.ConditionFalse, ReasonStale, "0/2", "openresty-0, openresty-1")
+	reportServed(t, ns, "openresty-0", key, v2)
+	waitApplied(t, ns, "m", metav1.ConditionFalse, ReasonStale, "1/2", "do not serve the current "+key+" yet: openresty-1")
+	reportServed(t, ns, "openresty-1", key, v2)
+	waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "2/2")
+	eventually(t, "autoconfig_applied_seconds to observe the convergence", func() (bool, string) {
+		n := appliedCount(t)
+		return n > before, "count " + string(rune('0'+n%10))
+	})
+}
