@@ -38,15 +38,23 @@ type quarantined struct {
 // never holds back the others.
 func (r *Reloader) apply(ctx context.Context, force bool) next {
 	desired, version, ok := r.Source.Desired()
-	if !ok || (!force && version == r.appliedFor) {
+	if !ok || (!force && (version == r.appliedFor || version == r.refusedFor)) {
+		// Applied, or refused as a whole (the check fails without its
+		// changes too): only a new version or the resync tries again —
+		// not the events of our own trial writes, which would otherwise
+		// repeat the search every debounce.
 		return nextDone
 	}
+	r.refusedFor = ""
 	if len(r.CheckCmd) == 0 {
 		if err := r.write(desired); err != nil {
 			return nextRetry
 		}
 		r.applied = desired
 	} else if n := r.search(ctx, desired); n != nextDone {
+		if n == nextResync {
+			r.refusedFor = version
+		}
 		return n
 	}
 	r.appliedFor = version

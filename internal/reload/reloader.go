@@ -108,6 +108,7 @@ type Reloader struct {
 	seen       string            // fingerprint last counted as a change
 	applied    map[string][]byte // API mode: the accepted content WriteDir shows
 	appliedFor string            // API mode: version of the desired content applied
+	refusedFor string            // API mode: version whose check failed even without its changes
 	quarantine map[string]quarantined
 }
 

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// TestAppliedEndToEnd: the controller, a real nginx fed by the real reload
+// sidecar in API mode reporting what it serves on its pod (--pod-name), on
+// a real API server. The route's Applied condition follows what nginx has
+// loaded: True 1/1 once the sidecar reloaded it; after a scale-out False,
+// then True again when the new file is served. A second consumer pod whose
+// sidecar's check refuses every content keeps serving nothing new: Applied
+// False naming that pod, the first one Synced.
+func TestAppliedEndToEnd(t *testing.T) {
+	const ns = "llm"
+	_, cfg := testenv.Start(t)
+	sch := k8sruntime.NewScheme()
+	must(t, clientgoscheme.AddToScheme(sch))
+	must(t, v1alpha1.AddToScheme(sch))
+	k8s, err := client.New(cfg, client.Options{Scheme: sch})
+	must(t, err)
+	ctx := context.Background()
+	kubeconfig := writeKubeconfig(t, cfg.Host, cfg.CAData, cfg.CertData, cfg.KeyData)
+
+	must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes"}}))
+	for _, svc := range []string{"qwen", "openresty"} {
+		must(t, k8s.Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
+		}))
+	}
+	backends := func(ips ...string) {
+		t.Helper()
+		s := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "qwen-a", Labels: map[string]string{discoveryv1.LabelServiceName: "qwen"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8000))}},
+		}
+		for _, ip := range ips {
+			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+		}
+		applySlice(t, k8s, s)
+	}
+	consumers := func(pods ...string) {
+		t.Helper()
+		s := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "openresty-a", Labels: map[string]string{discoveryv1.LabelServiceName: "openresty"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}},
+		}
+		for i, p := range pods {
+			s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+				Addresses: []string{"10.20.0." + string(rune('1'+i))}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: p},
+			})
+		}
+		applySlice(t, k8s, s)
+	}
+	newPod := func(name string) {
+		t.Helper()
+		must(t, k8s.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "openresty"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}, {Name: "reload", Image: "reload"}}},
+		}))
+	}
+	backends("10.1.0.1")
+	newPod("openresty-0")
+	consumers("openresty-0")
+
+	// openresty-0: nginx with the reference lua router, and its sidecar.
+	root, err := testenv.ModuleRoot()
+	must(t, err)
+	dir0 := t.TempDir()
+	n0 := nginxtest.Start(t, nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")})
+	s0 := startSidecar(t, "--configmap", ns+"/routes", "--write-dir", dir0, "--kubeconfig", kubeconfig,
+		"--process", n0.MasterMatch(), "--sock-dir", n0.SockDir(), "--check-cmd", checkCmd(n0),
+		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", "100ms")
+
+	// The controller, rendering for nginx's socket directory.
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Cache: controller.CacheOptions(nil)})
+	must(t, err)
+	v, err := schema.Default()
+	must(t, err)
+	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}}
+	mctx, cancel := context.WithCancel(ctx)
+	must(t, r.SetupWithManager(mctx, mgr, 4))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	must(t, k8s.Create(ctx, &v1alpha1.ModelRoute{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"},
+		Spec: v1alpha1.Spec{
+			Discovery: v1alpha1.Discovery{Service: "qwen"},
+			Nginx:     v1alpha1.Nginx{OutputConfigMap: "routes", Service: "openresty", Peers: []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}}},
+		},
+	}))
+	key := "session_route_qwen.conf"
+	applied := func(status metav1.ConditionStatus, reason, synced string, msgHas ...string) *v1alpha1.ModelRoute {
+		t.Helper()
+		var rt v1alpha1.ModelRoute
+		var last string
+		reloadtest.WaitFor(t, wait, "Applied="+string(status)+"/"+reason+" synced="+synced, func() bool {
+			must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen"}, &rt))
+			c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
+			if c == nil {
+				return false
+			}
+			last = string(c.Status) + "/" + c.Reason + " " + rt.Status.Synced + ": " + c.Message
+			ok := c.Status == status && c.Reason == reason && rt.Status.Synced == synced
+			for _, m := range msgHas {
+				ok = ok && strings.Contains(c.Message, m)
+			}
+			return ok
+		})
+		t.Logf("Applied: %s", last)
+		return &rt
+	}
+	onDisk := func(ip string) bool {
+		b, err := os.ReadFile(filepath.Join(dir0, key))
+		return err == nil && strings.Contains(string(b), `"`+ip+`"`)
+	}
+
+	applied(metav1.ConditionTrue, controller.ReasonSynced, "1/1")
+	if !onDisk("10.1.0.1") {
+		t.Fatal("Applied=True before nginx's route file holds the backend")
+	}
+	s0.waitCount(t, 1, "result=success")
+
+	// Scale out: Applied goes False in the reconcile that writes the new
+	// file (openresty-0 still serves the old one), then True once the
+	// sidecar reloaded nginx with it.
+	backends("10.1.0.1", "10.1.0.2")
+	applied(metav1.ConditionFalse, controller.ReasonStale, "0/1", "openresty-0")
+	applied(metav1.ConditionTrue, controller.ReasonSynced, "1/1")
+	if !onDisk("10.1.0.2") {
+		t.Fatal("Applied=True before nginx's route file holds the new backend")
+	}
+
+	// openresty-1 joins; its sidecar's check refuses everything, so its
+	// target is never signalled and it serves nothing of the route.
+	newPod("openresty-1")
+	dir1 := t.TempDir()
+	name := "cart-like-" + strings.ReplaceAll(t.Name(), "/", "-")
+	reloadtest.StartHUPCounter(t, name)
+	s1 := startSidecar(t, "--configmap", ns+"/routes", "--write-dir", dir1, "--kubeconfig", kubeconfig,
+		"--process", name, "--check-cmd", "false", "--pod-name", "openresty-1", "--pod-namespace", ns, "--debounce", "100ms")
+	consumers("openresty-0", "openresty-1")
+	rt := applied(metav1.ConditionFalse, controller.ReasonStale, "1/2", "do not serve the current "+key+" yet: openresty-1")
+	refused := "configuration check fails on the last good content too"
+	s1.waitCount(t, 1, refused)
+	// The verdict holds until the content or the resync changes: the
+	// sidecar's own trial writes do not start the search again (they did,
+	// every --debounce). Ten debounces of quiet:
+	time.Sleep(time.Second)
+	if n := s1.count(refused); n != 1 {
+		t.Fatalf("the refused content was checked %d times without a change, want once", n)
+	}
+	for _, c := range rt.Status.Consumers {
+		want := v1alpha1.ConsumerSynced
+		if c.Pod == ns+"/openresty-1" {
+			want = v1alpha1.ConsumerStale
+		}
+		if c.State != want {
+			t.Fatalf("consumer %s: %s, want %s (%+v)", c.Pod, c.State, want, rt.Status.Consumers)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func applySlice(t *testing.T, k8s client.Client, s *discoveryv1.EndpointSlice) {
+	t.Helper()
+	ctx := context.Background()
+	var cur discoveryv1.EndpointSlice
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(s), &cur); err == nil {
+		s.ResourceVersion = cur.ResourceVersion
+		must(t, k8s.Update(ctx, s))
+		return
+	}
+	must(t, k8s.Create(ctx, s))
+}
+
+// writeKubeconfig writes a kubeconfig for the sidecars (the envtest admin).
+func writeKubeconfig(t *testing.T, host string, ca, cert, key []byte) string {
+	t.Helper()
+	c := clientcmdapi.NewConfig()
+	c.Clusters["envtest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: ca}
+	c.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}
+	c.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	c.CurrentContext = "envtest"
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	must(t, clientcmd.WriteToFile(*c, p))
+	return p
+}
+
+
