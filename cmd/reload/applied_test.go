@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,26 +21,37 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	servedpkg "github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// TestAppliedEndToEnd: the controller, a real nginx fed by the real reload
-// sidecar in API mode reporting what it serves on its pod (--pod-name), on
-// a real API server. The route's Applied condition follows what nginx has
-// loaded: True 1/1 once the sidecar reloaded it; after a scale-out False,
-// then True again when the new file is served. A second consumer pod whose
-// sidecar's check refuses every content keeps serving nothing new: Applied
-// False naming that pod, the first one Synced.
-func TestAppliedEndToEnd(t *testing.T) {
-	const ns = "llm"
+// appliedEnv is the end-to-end setup: API server, controller, nginx
+// (openresty-0) with its reload sidecar in API mode reporting on its pod,
+// and the route qwen whose consumers are the pods behind Service openresty.
+type appliedEnv struct {
+	k8s        client.Client
+	kubeconfig string
+	dir0       string
+	s0         *sidecar
+	backends   func(ips ...string)
+	consumers  func(pods ...string)
+	newPod     func(name string)
+}
+
+const appliedNS = "llm"
+
+func startAppliedEnv(t testing.TB) *appliedEnv {
+	t.Helper()
+	const ns = appliedNS
 	_, cfg := testenv.Start(t)
 	sch := k8sruntime.NewScheme()
 	must(t, clientgoscheme.AddToScheme(sch))
@@ -105,7 +118,7 @@ func TestAppliedEndToEnd(t *testing.T) {
 
 	// The controller, rendering for nginx's socket directory.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Cache: controller.CacheOptions(nil)})
+		Cache: controller.CacheOptions(nil), Controller: config.Controller{SkipNameValidation: ptr(true)}})
 	must(t, err)
 	v, err := schema.Default()
 	must(t, err)
@@ -123,7 +136,25 @@ func TestAppliedEndToEnd(t *testing.T) {
 			Nginx:     v1alpha1.Nginx{OutputConfigMap: "routes", Service: "openresty", Peers: []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}}},
 		},
 	}))
-	key := "session_route_qwen.conf"
+	return &appliedEnv{k8s: k8s, kubeconfig: kubeconfig, dir0: dir0, s0: s0, backends: backends, consumers: consumers, newPod: newPod}
+}
+
+// appliedKey is the route file of route qwen.
+const appliedKey = "session_route_qwen.conf"
+
+// TestAppliedEndToEnd: the controller, a real nginx fed by the real reload
+// sidecar in API mode reporting what it serves on its pod (--pod-name), on
+// a real API server. The route's Applied condition follows what nginx has
+// loaded: True 1/1 once the sidecar reloaded it; after a scale-out False,
+// then True again when the new file is served. A second consumer pod whose
+// sidecar's check refuses every content keeps serving nothing new: Applied
+// False naming that pod, the first one Synced.
+func TestAppliedEndToEnd(t *testing.T) {
+	const ns = appliedNS
+	e := startAppliedEnv(t)
+	k8s, dir0, s0, kubeconfig, backends, consumers, newPod := e.k8s, e.dir0, e.s0, e.kubeconfig, e.backends, e.consumers, e.newPod
+	ctx := context.Background()
+	key := appliedKey
 	applied := func(status metav1.ConditionStatus, reason, synced string, msgHas ...string) *v1alpha1.ModelRoute {
 		t.Helper()
 		var rt v1alpha1.ModelRoute
@@ -197,14 +228,14 @@ func TestAppliedEndToEnd(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 }
 
-func applySlice(t *testing.T, k8s client.Client, s *discoveryv1.EndpointSlice) {
+func applySlice(t testing.TB, k8s client.Client, s *discoveryv1.EndpointSlice) {
 	t.Helper()
 	ctx := context.Background()
 	var cur discoveryv1.EndpointSlice
@@ -217,7 +248,7 @@ func applySlice(t *testing.T, k8s client.Client, s *discoveryv1.EndpointSlice) {
 }
 
 // writeKubeconfig writes a kubeconfig for the sidecars (the envtest admin).
-func writeKubeconfig(t *testing.T, host string, ca, cert, key []byte) string {
+func writeKubeconfig(t testing.TB, host string, ca, cert, key []byte) string {
 	t.Helper()
 	c := clientcmdapi.NewConfig()
 	c.Clusters["envtest"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: ca}
@@ -230,3 +261,60 @@ func writeKubeconfig(t *testing.T, host string, ca, cert, key []byte) string {
 }
 
 
+
+// BenchmarkEndpointChangeToServed: an EndpointSlice change of the route's
+// backends, timed to the controller's write of the route file into the
+// ConfigMap (write) and to openresty-0 reporting that it serves that file
+// (served: the sidecar saw it, waited its debounce, ran nginx -t, reloaded
+// nginx and recorded the new content on its pod). p50/p99 over b.N changes.
+// The sidecar runs with --debounce 100ms.
+func BenchmarkEndpointChangeToServed(b *testing.B) {
+	e := startAppliedEnv(b)
+	ctx := context.Background()
+	cm := func() string {
+		var c corev1.ConfigMap
+		must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		return c.Data[appliedKey]
+	}
+	served := func() string {
+		var p corev1.Pod
+		must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+		r, err := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
+		if err != nil {
+			return ""
+		}
+		return r.Keys[appliedKey]
+	}
+	poll := func(what string, cond func() bool) time.Time {
+		deadline := time.Now().Add(wait)
+		for !cond() {
+			if time.Now().After(deadline) {
+				b.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return time.Now()
+	}
+	var writes, serves []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		ip := fmt.Sprintf("10.1.%d.%d", 1+i/250, 1+i%250)
+		start := time.Now()
+		e.backends("10.1.0.1", ip)
+		var content string
+		wrote := poll("the route file with "+ip, func() bool { content = cm(); return strings.Contains(content, `"`+ip+`"`) })
+		id := servedpkg.ID([]byte(content))
+		done := poll("openresty-0 to serve it", func() bool { return served() == id })
+		writes, serves = append(writes, wrote.Sub(start)), append(serves, done.Sub(start))
+	}
+	b.StopTimer()
+	pct := func(d []time.Duration, p float64) float64 {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(writes, 0.5), "write-p50-ms")
+	b.ReportMetric(pct(writes, 0.99), "write-p99-ms")
+	b.ReportMetric(pct(serves, 0.5), "served-p50-ms")
+	b.ReportMetric(pct(serves, 0.99), "served-p99-ms")
+}
