@@ -11,7 +11,7 @@ export KUBEBUILDER_ASSETS ?= $(ENVTEST_DIR)
 RACE_PKGS   := ./schema/... ./compiler/... ./cmd/... ./internal/... ./hack/...
 CRD_FILE    := deploy/crds/routing.modelsphere.dev_modelroutes.yaml
 
-.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race property fuzz
+.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -51,7 +51,12 @@ unit:
 race:
 	$(GO) test -count=1 -race -timeout 30m $(RACE_PKGS)
 
-test: deps envtest verify vet unit race ## everything CI runs
+# End to end: an EndpointSlice change to the controller's write and to nginx
+# serving it (p50/p99; docs/controller.md "Applied"). Part of make test.
+bench-applied:
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkEndpointChangeToServed -benchtime 20x ./cmd/reload
+
+test: deps envtest verify vet unit race bench-applied ## everything CI runs
 
 property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
 	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler

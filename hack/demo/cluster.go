@@ -86,13 +86,21 @@ func (d *demo) setupCluster(ctx context.Context) error {
 	if err := d.setEndpoints(ctx, routeNS, "qwen-cart", "http", []endpoint{{ip: "10.244.2.1", port: 9000}, {ip: "10.244.2.2", port: 9000}}); err != nil {
 		return err
 	}
-	if err := d.setEndpoints(ctx, routeNS, "openresty", "dispatch", []endpoint{{ip: "10.244.3.1", port: 8080}}); err != nil {
+	// The nginx entry's pod: its reload sidecar (--pod-name) records on
+	// it what nginx serves, which the llm route's status shows (SYNCED).
+	if err := d.c.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: routeNS, Name: openrestyPod, Labels: map[string]string{"app": "openresty"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}, {Name: "reload", Image: "reload"}}},
+	}); err != nil {
+		return fmt.Errorf("create pod %s: %w", openrestyPod, err)
+	}
+	if err := d.setEndpoints(ctx, routeNS, "openresty", "dispatch", []endpoint{{ip: "10.244.3.1", port: 8080, pod: openrestyPod}}); err != nil {
 		return err
 	}
 	d.say("namespaces %s, %s, %s, %s; nodes gpu-a, gpu-b (%s=NVIDIA-H100-80GB-HBM3)", routeNS, monitorNS, llmBackendNS, videoNS, gpuLabel)
 	d.say("ConfigMaps %s/%s (empty), %s/%s (CART base config), %s/%s (annotated %s=%s)",
 		routeNS, nginxCM, routeNS, cartCM, monitorNS, monitorCM, allowedNamespacesAnnotation, routeNS)
-	d.say("Services llm/qwen, video/wan (no endpoints yet; annotated %s=%s), llm-route/qwen-cart (2 pods), llm-route/openresty (1 pod)", allowedNamespacesAnnotation, routeNS)
+	d.say("Services llm/qwen, video/wan (no endpoints yet; annotated %s=%s), llm-route/qwen-cart (2 pods), llm-route/openresty (pod %s: this demo's nginx)", allowedNamespacesAnnotation, routeNS, openrestyPod)
 	d.say("llm/qwen and llm-route/qwen-cart are headless (no kube-proxy here): the qwen route's cart and backend-svc tiers are skipped, its backend pods serve")
 	return nil
 }
@@ -125,6 +133,7 @@ type endpoint struct {
 	ip   string
 	port int32
 	node string
+	pod  string // the pod behind it (targetRef), in the Service's namespace
 }
 
 // setEndpoints makes the Service's EndpointSlices hold exactly eps, as the
@@ -139,6 +148,9 @@ func (d *demo) setEndpoints(ctx context.Context, ns, svc, portName string, eps [
 		}
 		if e.node != "" {
 			ep.NodeName = ptr(e.node)
+		}
+		if e.pod != "" {
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: e.pod}
 		}
 		byPort[e.port] = append(byPort[e.port], ep)
 	}
@@ -216,6 +228,7 @@ func (d *demo) applySamples(ctx context.Context) error {
 type routeRow struct {
 	ns, name           string
 	backends, cart     string
+	synced             string
 	ready, reason, msg string
 	age                string
 	backendsN          int64
@@ -236,6 +249,7 @@ func (d *demo) routes(ctx context.Context) ([]routeRow, error) {
 		if n, ok, _ := unstructured.NestedInt64(u.Object, "status", "cartPeers"); ok {
 			r.cart = strconv.FormatInt(n, 10)
 		}
+		r.synced, _, _ = unstructured.NestedString(u.Object, "status", "synced")
 		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 		for _, c := range conds {
 			m, _ := c.(map[string]any)

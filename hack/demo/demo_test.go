@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,12 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q", want)
 		}
+	}
+	// The route table shows which consumer pods serve the llm route's
+	// current file: nginx (openresty-0) does, once its sidecar reloaded.
+	if !regexp.MustCompile(`(?m)NAME\s+BACKENDS\s+CART\s+READY\s+SYNCED`).MatchString(out.String()) ||
+		!regexp.MustCompile(`(?m)` + llmRoute + `\s+\d+\s+\d+\s+True\s+1/1\s`).MatchString(out.String()) {
+		t.Errorf("the route table does not show the llm route SYNCED 1/1")
 	}
 }
 

@@ -48,6 +48,7 @@ type demo struct {
 const (
 	routeNS      = "llm-route"
 	nginxCM      = "openresty-conf"
+	openrestyPod = "openresty-0"
 	cartCM       = "qwen-cart-config"
 	monitorNS    = "monitoring"
 	monitorCM    = "monitor-conf"
@@ -234,6 +235,7 @@ func (d *demo) startNginx(ctx context.Context) error {
 	args := []string{
 		"--configmap", routeNS + "/" + nginxCM, "--write-dir", routes, "--kubeconfig", d.kube,
 		"--process", n.MasterMatch(), "--sock-dir", n.SockDir(),
+		"--pod-name", openrestyPod, "--pod-namespace", routeNS,
 		"--debounce", "200ms", "--metrics-addr", "",
 	}
 	p, err := d.start("reload", filepath.Join(d.bin, "reload"), args...)

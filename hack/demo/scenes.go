@@ -206,6 +206,11 @@ func (d *demo) converged(ctx context.Context, llm, video []endpoint) (bool, erro
 		if r.ready != "True" || r.backendsN != int64(w.n) {
 			return false, nil
 		}
+		// With the nginx data plane, the llm route (spec.nginx.service
+		// llm-route/openresty) converged when nginx serves its file.
+		if w.name == llmRoute && d.nginx != nil && r.synced != "1/1" {
+			return false, nil
+		}
 	}
 	cm, err := d.configMap(ctx, routeNS, nginxCM)
 	if err != nil {
