@@ -18,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -47,27 +48,81 @@ const (
 	ReasonNotWritten = "NotWritten"
 )
 
-// consumerPods are the pods ("ns/name") behind the route's
-// spec.nginx.service, from its EndpointSlices; ok is false when the route
-// names no Service or its namespace is not watched.
-func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute) (svc string, pods []string, ok bool, err error) {
-	if route.Spec.Nginx.Service == "" {
-		return "", nil, false, nil
+// consumerGroup is one kind of consumer of the route's output: the nginx
+// entry (spec.nginx.service or .selector; its keys in
+// spec.nginx.outputConfigMap) or the CART (spec.cart.service or
+// .selector; its config.yaml in spec.cart.outputConfigMap).
+type consumerGroup struct {
+	kind      string // "nginx" or "cart"
+	service   string // resolved ns/name, or ""
+	selector  string // pod label selector in the route's namespace, or ""
+	configMap string // resolved ns/name of the output ConfigMap
+}
+
+func (g consumerGroup) String() string {
+	if g.service != "" {
+		return g.kind + " Service " + g.service
 	}
-	svc = compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.Service)
-	ns, name, _ := strings.Cut(svc, "/")
-	if !r.watches(ns) {
-		return svc, nil, false, nil
+	return g.kind + " pods " + g.selector
+}
+
+// consumerGroups are the route's consumer groups that name their pods.
+func consumerGroups(route *v1alpha1.ModelRoute) []consumerGroup {
+	cr := compilerRoute(route)
+	var out []consumerGroup
+	add := func(kind, svc, sel, cm string) {
+		switch {
+		case svc != "":
+			out = append(out, consumerGroup{kind: kind, service: compiler.ResolveRef(cr, svc), configMap: compiler.ResolveRef(cr, cm)})
+		case sel != "":
+			out = append(out, consumerGroup{kind: kind, selector: sel, configMap: compiler.ResolveRef(cr, cm)})
+		}
 	}
-	var sl discoveryv1.EndpointSliceList
-	if err := r.Client.List(ctx, &sl, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
-		return svc, nil, false, fmt.Errorf("list endpointslices of %s: %w", svc, err)
+	add("nginx", route.Spec.Nginx.Service, route.Spec.Nginx.Selector, route.Spec.Nginx.OutputConfigMap)
+	if c := route.Spec.Cart; c != nil {
+		add("cart", c.Service, c.Selector, c.OutputConfigMap)
 	}
-	for i := range sl.Items {
-		pods = append(pods, discovery.SlicePods(&sl.Items[i])...)
+	return out
+}
+
+// consumerPods are the pods ("ns/name") of g: behind its Service (the
+// targetRef of its EndpointSlices' endpoints) or selected in the route's
+// namespace; not terminating. ok is false when they cannot be read here
+// (a namespace the controller does not watch).
+func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, ok bool, err error) {
+	if g.service != "" {
+		ns, name, _ := strings.Cut(g.service, "/")
+		if !r.watches(ns) {
+			return nil, false, nil
+		}
+		var sl discoveryv1.EndpointSliceList
+		if err := r.Client.List(ctx, &sl, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
+			return nil, false, fmt.Errorf("list endpointslices of %s: %w", g.service, err)
+		}
+		for i := range sl.Items {
+			pods = append(pods, discovery.SlicePods(&sl.Items[i])...)
+		}
+	} else {
+		sel, err := labels.Parse(g.selector)
+		if err != nil {
+			return nil, false, nil // the schema refuses it; nothing to track
+		}
+		pr, err := r.podReader(ctx, route.Namespace)
+		if err != nil {
+			return nil, false, fmt.Errorf("pods of %s: %w", g, err)
+		}
+		var pl corev1.PodList
+		if err := pr.List(ctx, &pl, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			return nil, false, fmt.Errorf("list pods of %s: %w", g, err)
+		}
+		for _, p := range pl.Items {
+			if p.DeletionTimestamp.IsZero() {
+				pods = append(pods, p.Namespace+"/"+p.Name)
+			}
+		}
 	}
 	slices.Sort(pods)
-	return svc, slices.Compact(pods), true, nil
+	return slices.Compact(pods), true, nil
 }
 
 // watches reports whether the controller caches namespace ns.
@@ -76,118 +131,128 @@ func (r *Reconciler) watches(ns string) bool {
 }
 
 // reconcileConsumers sets status.consumers, status.synced and Applied: for
-// each pod behind spec.nginx.service and each of the route's keys in its
-// nginx output ConfigMap, whether the pod's served report names the
+// each consumer pod (consumerGroups) and each of the route's keys in its
+// group's output ConfigMap, whether the pod's served report names the
 // content the route last wrote there.
 func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 	route := st.route
 	key := client.ObjectKeyFromObject(route)
-	svc, pods, ok, err := r.consumerPods(ctx, route)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		route.Status.Consumers, route.Status.Synced = nil, ""
-		msg := "spec.nginx.service is not set: the consumer pods are not known (set it to the openresty entry's Service, and run its reload sidecars with --pod-name)"
-		if svc != "" {
-			msg = fmt.Sprintf("the consumer Service %s is in a namespace the controller does not watch", svc)
-		}
-		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked, msg)
-		r.applied.forget(key)
-		return nil
-	}
-	cm := compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.OutputConfigMap)
-	current := map[string]string{} // key → ID of what the route last wrote
-	for k, sum := range r.owned.sumsIn(key, cm) {
-		current[k] = served.IDOfSum(sum)
-	}
-	keys := slices.Sorted(maps.Keys(current))
-	if len(keys) == 0 {
-		route.Status.Consumers, route.Status.Synced = nil, ""
-		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotWritten, fmt.Sprintf("the route holds none of its keys in %s yet", cm))
-		return nil
-	}
-	ns, _, _ := strings.Cut(svc, "/")
-	pr, err := r.podReader(ctx, ns)
-	if err != nil {
-		return fmt.Errorf("consumer pods of %s: %w", svc, err)
-	}
-	r.applied.changed(key, current, st.started)
+	log := ctrl.LoggerFrom(ctx)
 	var (
-		consumers         []v1alpha1.Consumer
-		tracked, synced   int
-		stale, notTracked []string
-		log               = ctrl.LoggerFrom(ctx)
-		counts            = map[string]int{}
+		consumers                    []v1alpha1.Consumer
+		tracked, synced              int
+		stale, notTracked, unwatched []string
+		groups                       []string
+		current                      = map[string]string{} // "cm\x00key" → ID of what the route last wrote
+		counts                       = map[string]int{}
+		keysAll                      []string
 	)
-	for _, p := range pods {
-		pns, pname, _ := strings.Cut(p, "/")
-		var pod corev1.Pod
-		if err := pr.Get(ctx, types.NamespacedName{Namespace: pns, Name: pname}, &pod); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue // gone: its endpoint goes too
-			}
-			return fmt.Errorf("get consumer pod %s: %w", p, err)
+	for _, g := range consumerGroups(route) {
+		pods, ok, err := r.consumerPods(ctx, route, g)
+		if err != nil {
+			return err
 		}
-		v, has := pod.Annotations[served.Annotation]
-		var rep served.Report
-		if has {
-			if rep, err = served.Parse(v); err != nil {
-				log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
-				has = false
-			}
-		}
-		if !has {
-			notTracked = append(notTracked, pname)
-			counts[v1alpha1.ConsumerNotTracked]++
-			for _, k := range keys {
-				consumers = append(consumers, v1alpha1.Consumer{Pod: p, Key: k, State: v1alpha1.ConsumerNotTracked})
-			}
+		if !ok {
+			unwatched = append(unwatched, g.String())
 			continue
 		}
-		tracked++
-		all := true
-		since := metav1.NewTime(rep.At)
-		for _, k := range keys {
-			c := v1alpha1.Consumer{Pod: p, Key: k, Served: rep.Keys[k], State: v1alpha1.ConsumerSynced, Since: &since}
-			if c.Served != current[k] {
-				c.State, all = v1alpha1.ConsumerStale, false
-			}
-			consumers = append(consumers, c)
+		groups = append(groups, g.String())
+		ids := map[string]string{}
+		for k, sum := range r.owned.sumsIn(key, g.configMap) {
+			ids[k] = served.IDOfSum(sum)
+			current[g.configMap+"\x00"+k] = ids[k]
 		}
-		if all {
-			synced++
-			counts[v1alpha1.ConsumerSynced]++
-		} else {
-			stale = append(stale, pname)
-			counts[v1alpha1.ConsumerStale]++
+		keys := slices.Sorted(maps.Keys(ids))
+		keysAll = append(keysAll, keys...)
+		if len(keys) == 0 {
+			continue
+		}
+		for _, p := range pods {
+			pns, pname, _ := strings.Cut(p, "/")
+			pr, err := r.podReader(ctx, pns)
+			if err != nil {
+				return fmt.Errorf("consumer pods of %s: %w", g, err)
+			}
+			var pod corev1.Pod
+			if err := pr.Get(ctx, types.NamespacedName{Namespace: pns, Name: pname}, &pod); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue // gone: its endpoint goes too
+				}
+				return fmt.Errorf("get consumer pod %s: %w", p, err)
+			}
+			v, has := pod.Annotations[served.Annotation]
+			var rep served.Report
+			if has {
+				if rep, err = served.Parse(v); err != nil {
+					log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
+					has = false
+				}
+			}
+			if !has {
+				notTracked = append(notTracked, pname)
+				counts[v1alpha1.ConsumerNotTracked]++
+				for _, k := range keys {
+					consumers = append(consumers, v1alpha1.Consumer{Pod: p, Key: k, State: v1alpha1.ConsumerNotTracked})
+				}
+				continue
+			}
+			tracked++
+			all := true
+			since := metav1.NewTime(rep.At)
+			for _, k := range keys {
+				c := v1alpha1.Consumer{Pod: p, Key: k, Served: rep.Keys[k], State: v1alpha1.ConsumerSynced, Since: &since}
+				if c.Served != ids[k] {
+					c.State, all = v1alpha1.ConsumerStale, false
+				}
+				consumers = append(consumers, c)
+			}
+			if all {
+				synced++
+				counts[v1alpha1.ConsumerSynced]++
+			} else {
+				stale = append(stale, pname)
+				counts[v1alpha1.ConsumerStale]++
+			}
 		}
 	}
+	slices.SortFunc(consumers, func(a, b v1alpha1.Consumer) int {
+		return strings.Compare(a.Pod+"\x00"+a.Key, b.Pod+"\x00"+b.Key)
+	})
 	route.Status.Consumers = consumers
 	r.applied.setCounts(key, counts)
-	if tracked == 0 {
-		route.Status.Synced = ""
-		msg := fmt.Sprintf("none of the %d pods behind %s reports what it serves (run their reload sidecars with --pod-name)", len(notTracked), svc)
-		if len(notTracked) == 0 {
-			msg = fmt.Sprintf("no pod behind %s", svc)
-		}
-		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked, msg)
-		return nil
-	}
-	route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
+	r.applied.changed(key, current, st.started)
+	slices.Sort(keysAll)
+	keysAll = slices.Compact(keysAll)
 	extra := ""
 	if len(notTracked) > 0 {
 		extra = fmt.Sprintf("; not tracked (no served report): %s", strings.Join(notTracked, ", "))
 	}
-	if len(stale) > 0 {
-		setCondition(route, TypeApplied, metav1.ConditionFalse, ReasonStale, fmt.Sprintf(
-			"%d of %d consumer pods behind %s do not serve the current %s yet: %s%s",
-			len(stale), tracked, svc, strings.Join(keys, ", "), strings.Join(stale, ", "), extra))
-		return nil
+	if len(unwatched) > 0 {
+		extra += fmt.Sprintf("; not tracked (namespace not watched): %s", strings.Join(unwatched, ", "))
 	}
-	setCondition(route, TypeApplied, metav1.ConditionTrue, ReasonSynced, fmt.Sprintf(
-		"%d/%d consumer pods behind %s serve the current %s%s", synced, tracked, svc, strings.Join(keys, ", "), extra))
-	r.applied.converged(key, current, time.Now())
+	switch {
+	case len(groups) == 0 && len(unwatched) == 0:
+		route.Status.Synced = ""
+		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked,
+			"the route names no consumer pods: set spec.nginx.service (the openresty entry's Service) or spec.nginx.selector, and run the consumers' reload sidecars with --pod-name")
+	case len(keysAll) == 0 && len(groups) > 0:
+		route.Status.Synced = ""
+		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotWritten, "the route holds none of its keys yet")
+	case tracked == 0:
+		route.Status.Synced = ""
+		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked, fmt.Sprintf(
+			"no consumer pod of %s reports what it serves (run their reload sidecars with --pod-name)%s", strings.Join(append(groups, unwatched...), ", "), extra))
+	case len(stale) > 0:
+		route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
+		setCondition(route, TypeApplied, metav1.ConditionFalse, ReasonStale, fmt.Sprintf(
+			"%d of %d consumer pods of %s do not serve the current %s yet: %s%s",
+			len(stale), tracked, strings.Join(groups, ", "), strings.Join(keysAll, ", "), strings.Join(stale, ", "), extra))
+	default:
+		route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
+		setCondition(route, TypeApplied, metav1.ConditionTrue, ReasonSynced, fmt.Sprintf(
+			"%d/%d consumer pods of %s serve the current %s%s", synced, tracked, strings.Join(groups, ", "), strings.Join(keysAll, ", "), extra))
+		r.applied.converged(key, current, time.Now())
+	}
 	return nil
 }
 
@@ -275,14 +340,20 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 			svc := sl.Items[i].Labels[discoveryv1.LabelServiceName]
 			for _, rt := range r.routesBy(ctx, discovery.IndexRouteService, sl.Items[i].Namespace+"/"+svc) {
 				k := client.ObjectKeyFromObject(&rt)
-				if seen[k] || rt.Spec.Nginx.Service == "" || compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.Service) != sl.Items[i].Namespace+"/"+svc {
+				if seen[k] {
 					continue
 				}
-				if keys != nil && !slices.ContainsFunc(r.owned.keysIn(k, compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.OutputConfigMap)), func(key string) bool { return keys[key] }) {
-					continue
+				for _, g := range consumerGroups(&rt) {
+					if g.service != sl.Items[i].Namespace+"/"+svc {
+						continue
+					}
+					if keys != nil && !slices.ContainsFunc(r.owned.keysIn(k, g.configMap), func(key string) bool { return keys[key] }) {
+						continue
+					}
+					seen[k] = true
+					q.Add(reconcile.Request{NamespacedName: k})
+					break
 				}
-				seen[k] = true
-				q.Add(reconcile.Request{NamespacedName: k})
 			}
 		}
 	}

@@ -99,7 +99,7 @@ func TestAppliedFollowsTheConsumersReports(t *testing.T) {
 	createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Service = "openresty" }))
 	key := routeKey("m")
 	v1 := waitKey(t, ns, "routes", key, []string{host("10.1.0.1")}, nil)
-	waitApplied(t, ns, "m", metav1.ConditionUnknown, ReasonNotTracked, "", "none of the 3 pods")
+	waitApplied(t, ns, "m", metav1.ConditionUnknown, ReasonNotTracked, "", "no consumer pod of nginx Service "+ns+"/openresty reports", "openresty-0, openresty-1, openresty-2")
 
 	reportServed(t, ns, "openresty-0", key, v1)
 	reportServed(t, ns, "openresty-1", key, v1)
@@ -128,4 +128,26 @@ func TestAppliedFollowsTheConsumersReports(t *testing.T) {
 		n := appliedCount(t)
 		return n > before, "count " + string(rune('0'+n%10))
 	})
+}
+
+// TestAppliedTracksCartPods: the CART pods (behind spec.cart.service) are
+// consumers of the route's config.yaml, tracked like the nginx entry's.
+func TestAppliedTracksCartPods(t *testing.T) {
+	ns := namespace(t, "appliedcart")
+	startManager(t, ns)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.1.0.1"))
+	configMap(t, ns, "routes", nil, nil)
+	configMap(t, ns, "cart", map[string]string{"config.yaml": "server:\n  port: 9000\nworkers: []\n"}, nil)
+	consumerEntry(t, ns, "qwen-cart", "cart-0")
+	createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Cart = &v1alpha1.Cart{Discovery: v1alpha1.Discovery{Service: "qwen-cart"}, OutputConfigMap: "cart"}
+	}))
+	cfg := waitKey(t, ns, "cart", "config.yaml", []string{"http://10.1.0.1:8000"}, nil)
+	waitApplied(t, ns, "m", metav1.ConditionUnknown, ReasonNotTracked, "", "cart Service "+ns+"/qwen-cart")
+	reportServed(t, ns, "cart-0", "config.yaml", cfg)
+	rt := waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "1/1", "config.yaml")
+	if len(rt.Status.Consumers) != 1 || rt.Status.Consumers[0].Pod != ns+"/cart-0" || rt.Status.Consumers[0].Key != "config.yaml" {
+		t.Fatalf("consumers: %+v", rt.Status.Consumers)
+	}
 }

@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -228,7 +227,8 @@ func (r *Reconciler) podWatch(c controller.Controller) func(cache.Cache) error {
 
 // podNamespaces lists the namespaces whose pods routes read: those of the
 // routes that select pods, and those of the consumer Services
-// (spec.nginx.service) whose pods report what they serve.
+// (spec.nginx.service, spec.cart.service) whose pods report what they
+// serve.
 func (r *Reconciler) podNamespaces(ctx context.Context) ([]string, error) {
 	var l v1alpha1.ModelRouteList
 	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
@@ -245,9 +245,8 @@ func (r *Reconciler) podNamespaces(ctx context.Context) ([]string, error) {
 		if len(discovery.RouteSelectors(rt)) > 0 {
 			add(rt.Namespace)
 		}
-		if rt.Spec.Nginx.Service != "" {
-			ns, _, _ := strings.Cut(compiler.ResolveRef(compilerRoute(rt), rt.Spec.Nginx.Service), "/")
-			if r.watches(ns) {
+		for _, g := range consumerGroups(rt) {
+			if ns, _, _ := strings.Cut(g.service, "/"); g.service != "" && r.watches(ns) {
 				add(ns)
 			}
 		}
