@@ -260,8 +260,6 @@ func writeKubeconfig(t testing.TB, host string, ca, cert, key []byte) string {
 	return p
 }
 
-
-
 // BenchmarkEndpointChangeToServed: an EndpointSlice change of the route's
 // backends, timed to the controller's write of the route file into the
 // ConfigMap (write) and to openresty-0 reporting that it serves that file

@@ -42,7 +42,7 @@ func TestDemo(t *testing.T) {
 	// The route table shows which consumer pods serve the llm route's
 	// current file: nginx (openresty-0) does, once its sidecar reloaded.
 	if !regexp.MustCompile(`(?m)NAME\s+BACKENDS\s+CART\s+READY\s+SYNCED`).MatchString(out.String()) ||
-		!regexp.MustCompile(`(?m)` + llmRoute + `\s+\d+\s+\d+\s+True\s+1/1\s`).MatchString(out.String()) {
+		!regexp.MustCompile(`(?m)`+llmRoute+`\s+\d+\s+\d+\s+True\s+1/1\s`).MatchString(out.String()) {
 		t.Errorf("the route table does not show the llm route SYNCED 1/1")
 	}
 }
