@@ -180,13 +180,9 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 				}
 				return fmt.Errorf("get consumer pod %s: %w", p, err)
 			}
-			v, has := pod.Annotations[served.Annotation]
-			var rep served.Report
-			if has {
-				if rep, err = served.Parse(v); err != nil {
-					log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
-					has = false
-				}
+			rep, has, err := r.reports.of(&pod)
+			if err != nil {
+				log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
 			}
 			if !has {
 				notTracked = append(notTracked, pname)
@@ -254,6 +250,40 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 		r.applied.converged(key, current, time.Now())
 	}
 	return nil
+}
+
+// reportCache keeps the parsed served report of each consumer pod version:
+// a report lists every key the pod serves (a thousand routes share one
+// openresty ConfigMap), and every route's reconcile reads it.
+type reportCache struct {
+	mu sync.Mutex
+	m  map[types.UID]parsedReport
+}
+
+type parsedReport struct {
+	value string
+	rep   served.Report
+	err   error
+}
+
+// of is pod's report; has is false without one (or an unreadable one,
+// with err).
+func (c *reportCache) of(pod *corev1.Pod) (served.Report, bool, error) {
+	v, ok := pod.Annotations[served.Annotation]
+	if !ok {
+		return served.Report{}, false, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[pod.UID]; ok && e.value == v {
+		return e.rep, e.err == nil, e.err
+	}
+	rep, err := served.Parse(v)
+	if c.m == nil || len(c.m) > 4096 {
+		c.m = map[types.UID]parsedReport{} // pods come and go: start over now and then
+	}
+	c.m[pod.UID] = parsedReport{value: v, rep: rep, err: err}
+	return rep, err == nil, err
 }
 
 // appliedTracker remembers, per route, when the content its consumers

@@ -86,6 +86,7 @@ type Reconciler struct {
 	discovery *discovery.Reader
 	pods      *podCaches
 	applied   appliedTracker
+	reports   reportCache
 	writer    *sink.Writer
 	specs     specCache
 	owned     ownership
