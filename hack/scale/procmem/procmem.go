@@ -11,33 +11,8 @@ import (
 
 // Read reads VmRSS and VmHWM (KiB) of a process.
 func Read(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok || (k != "VmRSS" && k != "VmHWM") {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
-		}
-		if k == "VmRSS" {
-			rss = n
-		} else {
-			hwm = n
-		}
-	}
-	if rss == 0 || hwm == 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS/VmHWM", pid)
-	}
-	return rss, hwm, nil
+	v, err := status(pid, "VmRSS", "VmHWM")
+	return v[0], v[1], err
 }
 
 // Split reads RssAnon and RssFile (KiB) of a process: the memory it
@@ -45,31 +20,39 @@ func Read(pid int) (rss, hwm int64, err error) {
 // (mostly its binary's code and read-only data, which the kernel can drop
 // and read again).
 func Split(pid int) (anon, file int64, err error) {
+	v, err := status(pid, "RssAnon", "RssFile")
+	return v[0], v[1], err
+}
+
+// status reads the KiB values of keys from /proc/<pid>/status; each must
+// be there.
+func status(pid int, keys ...string) ([]int64, error) {
+	out := make([]int64, len(keys))
+	found := make([]bool, len(keys))
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, err
+		return out, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, ":")
-		if !ok || (k != "RssAnon" && k != "RssFile") {
+		if !ok {
 			continue
 		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
-		}
-		if k == "RssAnon" {
-			anon = n
-		} else {
-			file = n
+		for i, want := range keys {
+			f := strings.Fields(v)
+			if k != want || len(f) == 0 {
+				continue
+			}
+			if out[i], err = strconv.ParseInt(f[0], 10, 64); err != nil {
+				return out, fmt.Errorf("/proc/%d/status %s: %w", pid, k, err)
+			}
+			found[i] = true
 		}
 	}
-	if anon == 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/status: no RssAnon", pid)
+	for i, k := range keys {
+		if !found[i] {
+			return out, fmt.Errorf("/proc/%d/status: no %s", pid, k)
+		}
 	}
-	return anon, file, nil
+	return out, nil
 }
