@@ -85,6 +85,8 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 			Message: "spec.nginx.peers[0] (use: cart) skipped", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
 		}},
 		Outputs: []v1alpha1.OutputKeys{{ConfigMap: "gw/routes", Keys: []string{"session_route_a.conf"}}},
+		Consumers: []v1alpha1.Consumer{{Pod: "gw/openresty-0", Key: "session_route_a.conf", State: v1alpha1.ConsumerSynced, Served: "0123456789abcdef", Since: &metav1.Time{Time: metav1.Now().Rfc3339Copy().Time}}},
+		Synced:    "1/1",
 	}
 	wantStatus := got.Status.DeepCopy()
 	if err := c.Status().Update(ctx, &got); err != nil {
@@ -99,25 +101,26 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 	}
 	gs := list.Items[0].Status
 	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers ||
-		!reflect.DeepEqual(gs.Outputs, wantStatus.Outputs) ||
+		!reflect.DeepEqual(gs.Outputs, wantStatus.Outputs) || gs.Synced != "1/1" ||
+		len(gs.Consumers) != 1 || gs.Consumers[0].Served != "0123456789abcdef" || !gs.Consumers[0].Since.Equal(wantStatus.Consumers[0].Since) ||
 		len(gs.Conditions) != 2 || gs.Conditions[0].Type != "Ready" || gs.Conditions[0].Status != metav1.ConditionTrue {
 		t.Errorf("stored status differs: %+v", gs)
 	}
 
-	// kubectl get mr: NAME BACKENDS CART READY DEGRADED AGE.
+	// kubectl get mr: NAME BACKENDS CART READY SYNCED DEGRADED AGE.
 	table := getTable(ctx, t, cfg, "/apis/"+v1alpha1.Group+"/"+v1alpha1.Version+"/namespaces/"+mr.Namespace+"/modelroutes")
 	var cols []string
 	for _, c := range table.ColumnDefinitions {
 		cols = append(cols, c.Name)
 	}
-	if want := []string{"Name", "Backends", "Cart", "Ready", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
+	if want := []string{"Name", "Backends", "Cart", "Ready", "Synced", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
 		t.Errorf("printer columns %q, want %q", cols, want)
 	}
 	if len(table.Rows) != 1 {
 		t.Fatalf("table rows: %d, want 1", len(table.Rows))
 	}
-	cells := fmt.Sprint(table.Rows[0].Cells[:5])
-	if want := "[qwen 3 2 True TierSkipped]"; cells != want {
+	cells := fmt.Sprint(table.Rows[0].Cells[:6])
+	if want := "[qwen 3 2 True 1/1 TierSkipped]"; cells != want {
 		t.Errorf("row cells %s, want %s", cells, want)
 	}
 }
