@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -18,6 +20,7 @@ import (
 	"cuelang.org/go/cue/ast"
 	"cuelang.org/go/cue/cuecontext"
 	cueerrors "cuelang.org/go/cue/errors"
+	"cuelang.org/go/cue/literal"
 	"cuelang.org/go/cue/token"
 	cuejson "cuelang.org/go/encoding/json"
 	cueyaml "cuelang.org/go/encoding/yaml"
@@ -114,6 +117,9 @@ func (e *InvalidError) Error() string {
 
 // Document is one validated route of a (multi-document) file.
 type Document struct {
+	// OtherKind is set for a Kubernetes object of another kind
+	// ("apiVersion kind"): not validated, not a route.
+	OtherKind string
 	// File and Line locate the document's start.
 	File string
 	Line int
@@ -151,11 +157,16 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 			return v.validatePlain(filename, src)
 		}
 		if err != nil {
-			docs = append(docs, Document{File: filename, Line: errLine(err), Err: fmt.Errorf("%s: parse yaml: %w", filename, err)})
+			line := yamlErrLine(err)
+			docs = append(docs, Document{File: filename, Line: line, Err: fmt.Errorf("%s:%d: parse yaml: %s", filename, line, yamlErrMsg(err))})
 			break
 		}
 		line := expr.Pos().Line()
 		if isEmptyDoc(expr) {
+			continue
+		}
+		if other := otherKind(stringField(expr, "apiVersion"), stringField(expr, "kind")); other != "" {
+			docs = append(docs, Document{File: filename, Line: line, OtherKind: other})
 			continue
 		}
 		// BuildExpr, not CompileBytes: a long-lived cue.Context keeps every
@@ -210,6 +221,14 @@ func (v *Validator) validatePlain(filename string, src []byte) []Document {
 		}
 		if data == nil {
 			continue
+		}
+		if m, ok := data.(map[string]any); ok {
+			av, _ := m["apiVersion"].(string)
+			k, _ := m["kind"].(string)
+			if other := otherKind(av, k); other != "" {
+				docs = append(docs, Document{File: filename, Line: node.Line, OtherKind: other})
+				continue
+			}
 		}
 		b, err := json.Marshal(data)
 		if err != nil {
@@ -364,13 +383,67 @@ func humanize(msg string) string {
 	return msg
 }
 
-func errLine(err error) int {
+// yamlErrPos matches the "file:line: " a YAML decoder error starts with.
+var yamlErrPos = regexp.MustCompile(`^(?:.*?:)?(\d+): `)
+
+// yamlErrLine is the line of a YAML syntax error: its CUE position, else
+// the line the decoder's message names.
+func yamlErrLine(err error) int {
 	for _, e := range cueerrors.Errors(err) {
 		if p := e.Position(); p.IsValid() {
 			return p.Line()
 		}
 	}
+	if m := yamlErrPos.FindStringSubmatch(yamlErrMsgRaw(err)); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
 	return 0
+}
+
+func yamlErrMsgRaw(err error) string { return err.Error() }
+
+// yamlErrMsg is the decoder's message without its own "file:line: ".
+func yamlErrMsg(err error) string {
+	msg := yamlErrMsgRaw(err)
+	if loc := yamlErrPos.FindStringIndex(msg); loc != nil {
+		return msg[loc[1]:]
+	}
+	return msg
+}
+
+// otherKind is "apiVersion kind" for an object that is clearly not a
+// ModelRoute: it names a kind, and neither that kind nor its apiVersion is
+// the ModelRoute's. A document without a kind, or with only one of the two
+// right, is validated (and its mistake reported).
+func otherKind(apiVersion, kind string) string {
+	if kind == "" || kind == v1alpha1.Kind || strings.HasPrefix(apiVersion, v1alpha1.Group+"/") {
+		return ""
+	}
+	return strings.TrimSpace(apiVersion + " " + kind)
+}
+
+// stringField is the string literal of a top-level field of a document.
+func stringField(expr ast.Expr, name string) string {
+	st, ok := expr.(*ast.StructLit)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Elts {
+		f, ok := d.(*ast.Field)
+		if !ok {
+			continue
+		}
+		if l, _, _ := ast.LabelName(f.Label); l != name {
+			continue
+		}
+		if lit, ok := f.Value.(*ast.BasicLit); ok && lit.Kind == token.STRING {
+			if v, err := literal.Unquote(lit.Value); err == nil {
+				return v
+			}
+		}
+	}
+	return ""
 }
 
 // isEmptyDoc reports a document that holds nothing (a trailing `---` or a

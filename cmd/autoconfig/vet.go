@@ -24,7 +24,7 @@ import (
 func vetCommand() *cli.Command {
 	o := &vetOptions{}
 	return &cli.Command{
-		Use:   "vet [--output text|json] FILE|DIR|- ...",
+		Use:   "vet [-o text|json] [--strict-kinds] FILE|DIR|- ...",
 		Short: "validate ModelRoute YAML files, directories or stdin (-)",
 		Long: `
 Validates ModelRoute YAML against the embedded CUE schema: multi-document
@@ -33,6 +33,10 @@ Each problem is printed as file:line: field.path: message. Routes that are
 valid alone but would write the same ConfigMap key (the same nginx.route in
 one ConfigMap, monitor models Org/M and Org_M, two routes on one CART
 ConfigMap) are reported too, naming the other route's file:line.
+Documents of other kinds (a Deployment, a Kustomization: any object whose
+kind and apiVersion are not the ModelRoute's) are skipped and counted, so a
+GitOps directory or "helm template ... | autoconfig vet -" can be checked;
+--strict-kinds reports them as problems instead.
 Exit status: 0 all valid, 1 any invalid or conflicting, 2 usage error.
 
 The same verdict without this binary:
@@ -48,11 +52,13 @@ The same verdict without this binary:
 
 // vetOptions are the flags of `autoconfig vet`.
 type vetOptions struct {
-	output string
+	output      string
+	strictKinds bool
 }
 
 func (o *vetOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.output, "output", "text", "output format: text or json")
+	fs.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
+	fs.BoolVar(&o.strictKinds, "strict-kinds", false, "report documents that are not ModelRoutes as problems instead of skipping them")
 }
 
 func (o *vetOptions) Validate() error {
@@ -64,10 +70,13 @@ func (o *vetOptions) Validate() error {
 
 // vetResult is one document's verdict in --output json.
 type vetResult struct {
-	File     string           `json:"file"`
-	Line     int              `json:"line"`
-	Name     string           `json:"name,omitempty"`
-	Valid    bool             `json:"valid"`
+	File  string `json:"file"`
+	Line  int    `json:"line"`
+	Name  string `json:"name,omitempty"`
+	Valid bool   `json:"valid"`
+	// Skipped is the "apiVersion kind" of a document that is not a
+	// ModelRoute (not validated; Valid unless --strict-kinds).
+	Skipped  string           `json:"skipped,omitempty"`
 	Problems []schema.Problem `json:"problems,omitempty"`
 }
 
@@ -87,7 +96,7 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 	}
 	var results []vetResult
 	var routes []vetRoute // the valid documents, for the cross-route check
-	invalid := 0
+	invalid, skipped := 0, 0
 	for _, f := range files {
 		src, name, err := readInput(f, stdin)
 		if err != nil {
@@ -101,6 +110,21 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			continue
 		}
 		for _, d := range docs {
+			if d.OtherKind != "" {
+				r := vetResult{File: d.File, Line: d.Line, Valid: !o.strictKinds, Skipped: d.OtherKind}
+				if o.strictKinds {
+					p := schema.Problem{File: d.File, Line: d.Line, Path: "kind", Message: fmt.Sprintf("%s is not a ModelRoute (--strict-kinds)", d.OtherKind)}
+					r.Problems = []schema.Problem{p}
+					invalid++
+					if o.output == "text" {
+						fmt.Fprintln(stderr, p.String())
+					}
+				} else {
+					skipped++
+				}
+				results = append(results, r)
+				continue
+			}
 			r := vetResult{File: d.File, Line: d.Line, Valid: d.Err == nil}
 			if d.Route != nil {
 				r.Name = d.Route.Name
@@ -114,7 +138,9 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			case errors.As(d.Err, &inv):
 				r.Problems = inv.Problems
 			default:
-				r.Problems = []schema.Problem{{File: d.File, Line: d.Line, Message: d.Err.Error()}}
+				// A parse error: its text already starts with file:line.
+				msg := strings.TrimPrefix(d.Err.Error(), fmt.Sprintf("%s:%d: ", d.File, d.Line))
+				r.Problems = []schema.Problem{{File: d.File, Line: d.Line, Message: msg}}
 			}
 			if !r.Valid {
 				invalid++
@@ -147,7 +173,11 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			return err
 		}
 	} else if invalid == 0 {
-		fmt.Fprintf(stdout, "%d route(s) valid\n", len(results))
+		fmt.Fprintf(stdout, "%d route(s) valid", len(results)-skipped)
+		if skipped > 0 {
+			fmt.Fprintf(stdout, "; %d document(s) of other kinds skipped", skipped)
+		}
+		fmt.Fprintln(stdout)
 	}
 	if invalid > 0 {
 		return cli.ExitCode(1)
