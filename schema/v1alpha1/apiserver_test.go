@@ -84,7 +84,7 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 			Type: "Degraded", Status: metav1.ConditionTrue, Reason: "TierSkipped",
 			Message: "spec.nginx.peers[0] (use: cart) skipped", LastTransitionTime: metav1.Now(), ObservedGeneration: got.Generation,
 		}},
-		Outputs: []v1alpha1.OutputKeys{{ConfigMap: "gw/routes", Keys: []string{"session_route_a.conf"}}},
+		Outputs:   []v1alpha1.OutputKeys{{ConfigMap: "gw/routes", Keys: []string{"session_route_a.conf"}}},
 		Consumers: []v1alpha1.Consumer{{Pod: "gw/openresty-0", Key: "session_route_a.conf", State: v1alpha1.ConsumerSynced, Served: "0123456789abcdef", Since: &metav1.Time{Time: metav1.Now().Rfc3339Copy().Time}}},
 		Synced:    "1/1",
 	}
