@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -52,5 +54,17 @@ func TestLogOptions(t *testing.T) {
 	o.Logger(&b).Warn("shown")
 	if strings.Contains(b.String(), "hidden") || !strings.Contains(b.String(), `"msg":"shown"`) {
 		t.Fatalf("logger output %q", b.String())
+	}
+	// logr's V(1) and V(2) (slog levels -1, -2) read DEBUG, not DEBUG+3.
+	for _, format := range []string{"json", "text"} {
+		var d strings.Builder
+		l := (&LogOptions{Level: "debug", Format: format}).Logger(&d)
+		l.Log(context.Background(), slog.Level(-1), "v1")
+		l.Log(context.Background(), slog.Level(-2), "v2")
+		l.Warn("w")
+		out := d.String()
+		if strings.Contains(out, "DEBUG+") || strings.Count(out, "DEBUG") != 2 || !strings.Contains(out, "WARN") {
+			t.Errorf("%s levels: %q", format, out)
+		}
 	}
 }

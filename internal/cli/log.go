@@ -36,11 +36,35 @@ func (o *LogOptions) Validate() error {
 // an unknown level falls back to info).
 func (o *LogOptions) Logger(w io.Writer) *slog.Logger {
 	lvl, _ := ParseLogLevel(o.Level)
-	ho := &slog.HandlerOptions{Level: lvl}
+	ho := &slog.HandlerOptions{Level: lvl, ReplaceAttr: levelName}
 	if o.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, ho))
 	}
 	return slog.New(slog.NewTextHandler(w, ho))
+}
+
+// levelName prints the level of a record by its name only: logr's V(n)
+// is slog level -n, which slog would print as "DEBUG+3"; every level below
+// INFO is DEBUG here, and the four names are the --log-level values.
+func levelName(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) > 0 || a.Key != slog.LevelKey {
+		return a
+	}
+	l, ok := a.Value.Any().(slog.Level)
+	if !ok {
+		return a
+	}
+	switch {
+	case l < slog.LevelInfo:
+		a.Value = slog.StringValue("DEBUG")
+	case l < slog.LevelWarn:
+		a.Value = slog.StringValue("INFO")
+	case l < slog.LevelError:
+		a.Value = slog.StringValue("WARN")
+	default:
+		a.Value = slog.StringValue("ERROR")
+	}
+	return a
 }
 
 // ParseLogLevel maps --log-level (debug, info, warn, error) to a level.

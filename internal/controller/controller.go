@@ -87,6 +87,7 @@ type Reconciler struct {
 	pods      *podCaches
 	applied   appliedTracker
 	reports   reportCache
+	changes   changeLog
 	writer    *sink.Writer
 	specs     specCache
 	owned     ownership
@@ -235,6 +236,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 // forget drops what the reconciler remembers about a route that is gone.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.applied.forget(key)
+	r.changes.forget(key)
 	r.owned.set(key, nil)
 	r.waiting.set(key, nil)
 	r.specs.forgetName(key)

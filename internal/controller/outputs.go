@@ -52,10 +52,8 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	log := ctrl.LoggerFrom(ctx)
 	for _, o := range outcomes {
 		configMapWrites.WithLabelValues(string(o.State)).Inc()
-		if o.State == sink.Written {
-			log.V(levelDebug).Info("wrote configmap", "configmap", o.ConfigMap, "keys", o.Keys)
-		}
 	}
+	r.reportChanges(st, outcomes)
 	if known {
 		if stale := staleKeys(prev, now); len(stale) > 0 {
 			res, err := r.writer.Remove(ctx, st.route.Namespace, stale, removeGuard(st.route))
