@@ -10,6 +10,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // TestOutputChangeEventNamesTheBackends: a route's write is an event on the
@@ -45,6 +46,37 @@ func TestOutputChangeEventNamesTheBackends(t *testing.T) {
 	if m := messages(); len(m) != 1 {
 		t.Fatalf("a second write within %s made another event: %q", OutputChangeEventInterval, m)
 	}
+
+	// Per-route metrics, removed with the route.
+	eventually(t, "the route's metrics", func() (bool, string) {
+		b, okB := routeGauge(t, "autoconfig_route_backends", ns, "m")
+		w, okW := routeGauge(t, "autoconfig_route_last_write_timestamp_seconds", ns, "m")
+		k, okK := routeGauge(t, "autoconfig_route_blocked_keys", ns, "m")
+		return okB && b == 1 && okW && w > 0 && okK && k == 0, fmt.Sprint(b, w, k)
+	})
+	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "m")))
+	eventually(t, "the route's metrics to go with it", func() (bool, string) {
+		_, ok := routeGauge(t, "autoconfig_route_backends", ns, "m")
+		return !ok, ""
+	})
+}
+
+// routeGauge is the value of a per-route gauge in the controller's registry.
+func routeGauge(t *testing.T, name, ns, route string) (float64, bool) {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	must(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelIs(m, "namespace", ns) && labelIs(m, "route", route) {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
 }
 
 func TestChangeLogDiffAndRateLimit(t *testing.T) {

@@ -180,6 +180,8 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 		markRetrying(route, retErr)
 	}
 	r.emitTransition(orig, route)
+	routeBackends.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.Backends))
+	routeCartPeers.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {
 		return retErr
 	}
@@ -237,6 +239,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.applied.forget(key)
 	r.changes.forget(key)
+	forgetRouteSeries(key.Namespace, key.Name)
 	r.owned.set(key, nil)
 	r.waiting.set(key, nil)
 	r.specs.forgetName(key)

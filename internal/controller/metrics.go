@@ -26,8 +26,41 @@ var (
 		Name: "autoconfig_route_consumer_pods",
 		Help: "A route's consumer pods (behind spec.nginx.service) by state: Synced (serve the current output), Stale (serve another: not reloaded yet, a failed check, a quarantined key), NotTracked (no served report).",
 	}, []string{"namespace", "route", "state"})
+	changeToWrite = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "autoconfig_change_to_write_seconds",
+		Help:    "From the start of the reconcile that found a change (an EndpointSlice, a spec, a ConfigMap event) to the end of the route's output write: the controller's own latency, batch window included.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+	})
+	// Per route: one series each per ModelRoute (bounded by the routes;
+	// removed with the route).
+	routeBackends = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "autoconfig_route_backends",
+		Help: "Backend endpoints in the route's last rendered output (status.backends).",
+	}, []string{"namespace", "route"})
+	routeCartPeers = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "autoconfig_route_cart_peers",
+		Help: "CART endpoints discovered for the route (status.cartPeers).",
+	}, []string{"namespace", "route"})
+	routeLastWrite = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "autoconfig_route_last_write_timestamp_seconds",
+		Help: "Unix time of the route's last output write by this controller process (absent until its first write).",
+	}, []string{"namespace", "route"})
+	routeBlockedKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "autoconfig_route_blocked_keys",
+		Help: "Keys the route renders but may not write: held by another route (OutputConflict) or hand-written without a mark (OutputKeyForeign).",
+	}, []string{"namespace", "route"})
 )
 
+// routeSeries are the per-route metric vectors, deleted with the route.
+var routeSeries = []*prometheus.GaugeVec{routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys}
+
+func forgetRouteSeries(ns, name string) {
+	for _, v := range routeSeries {
+		v.DeleteLabelValues(ns, name)
+	}
+}
+
 func init() {
-	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge)
+	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge, changeToWrite,
+		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys)
 }

@@ -50,9 +50,12 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 		return fmt.Errorf("write outputs: %w", err)
 	}
 	log := ctrl.LoggerFrom(ctx)
+	blocked := 0
 	for _, o := range outcomes {
 		configMapWrites.WithLabelValues(string(o.State)).Inc()
+		blocked += len(o.Blocked)
 	}
+	routeBlockedKeys.WithLabelValues(st.route.Namespace, st.route.Name).Set(float64(blocked))
 	r.reportChanges(st, outcomes)
 	if known {
 		if stale := staleKeys(prev, now); len(stale) > 0 {
