@@ -215,8 +215,12 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 		return strings.Compare(a.Pod+"\x00"+a.Key, b.Pod+"\x00"+b.Key)
 	})
 	route.Status.Consumers = consumers
-	r.applied.setCounts(key, counts)
-	r.applied.changed(key, current, st.started)
+	if len(groups) == 0 {
+		r.applied.forget(key) // nothing tracked: no series, no clock
+	} else {
+		r.applied.setCounts(key, counts)
+		r.applied.changed(key, current, st.started)
+	}
 	slices.Sort(keysAll)
 	keysAll = slices.Compact(keysAll)
 	extra := ""
