@@ -20,10 +20,6 @@ const (
 	// IndexSliceService indexes EndpointSlices by "ns/service" (from the
 	// kubernetes.io/service-name label).
 	IndexSliceService = "discovery.routing.modelsphere.dev/service"
-	// IndexSlicePod indexes EndpointSlices by the pods ("ns/name") their
-	// endpoints point to (targetRef), to find the routes a consumer pod's
-	// served report concerns.
-	IndexSlicePod = "discovery.routing.modelsphere.dev/pod"
 	// IndexSliceNode indexes EndpointSlices by the node names of their
 	// endpoints (a GPU label change re-renders the routes on that node).
 	IndexSliceNode = "discovery.routing.modelsphere.dev/node"
@@ -129,9 +125,6 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 				}
 			}
 			return out
-		}},
-		{&discoveryv1.EndpointSlice{}, IndexSlicePod, func(o client.Object) []string {
-			return SlicePods(o.(*discoveryv1.EndpointSlice))
 		}},
 		{&v1alpha1.ModelRoute{}, IndexRouteService, func(o client.Object) []string {
 			return RouteServices(o.(*v1alpha1.ModelRoute))
