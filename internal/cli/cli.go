@@ -151,7 +151,10 @@ func (c *Command) cobra() *cobra.Command {
 		SilenceErrors:         true,
 		SilenceUsage:          true,
 		DisableFlagsInUseLine: true,
-		CompletionOptions:     cobra.CompletionOptions{DisableDefaultCmd: true},
+		// A command with subcommands (autoconfig) gets cobra's
+		// `completion bash|zsh|fish|powershell`; the sidecars have no
+		// commands to complete.
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: len(c.Commands) == 0},
 	}
 	fs := cc.Flags()
 	fs.SortFlags = false

@@ -125,4 +125,11 @@ func TestSubcommands(t *testing.T) {
 	if code, out, _ := run("help"); code != 0 || !strings.Contains(out, "  a           the a command") {
 		t.Fatalf("help: exit %d, stdout %q", code, out)
 	}
+	// Shell completion: the script, and what it asks the binary for.
+	if code, out, _ := run("completion", "bash"); code != 0 || !strings.Contains(out, "__start_tool") {
+		t.Fatalf("completion bash: exit %d, stdout %.200q", code, out)
+	}
+	if code, out, _ := run("__complete", ""); code != 0 || !strings.Contains(out, "a\tthe a command") {
+		t.Fatalf("__complete: exit %d, stdout %q", code, out)
+	}
 }
