@@ -33,6 +33,7 @@ generate: ## regenerate every generated file
 	$(GO) run ./cmd/autoconfig crd > $(CRD_FILE).tmp && mv $(CRD_FILE).tmp $(CRD_FILE)
 	@if [ -d deploy/helm/autoconfig/crds ]; then cp $(CRD_FILE) deploy/helm/autoconfig/crds/; fi
 	$(GO) run ./cmd/autoconfig crd --reference > docs/reference.md
+	mkdir -p deploy/schemas && $(GO) run ./cmd/autoconfig crd --json-schema > deploy/schemas/modelroute-v1alpha1.schema.json
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

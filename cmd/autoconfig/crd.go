@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/spf13/pflag"
 
@@ -10,18 +11,24 @@ import (
 )
 
 // crdOptions are the flags of `autoconfig crd`.
-type crdOptions struct{ reference bool }
+type crdOptions struct{ reference, jsonSchema bool }
 
 func (o *crdOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.reference, "reference", false, "print the Markdown field reference (docs/reference.md) instead of the CRD")
+	fs.BoolVar(&o.jsonSchema, "json-schema", false, "print the ModelRoute JSON Schema (for editors and kubeconform; deploy/schemas/"+crdgen.JSONSchemaFile+") instead of the CRD")
 }
 
-func (o *crdOptions) Validate() error { return nil }
+func (o *crdOptions) Validate() error {
+	if o.reference && o.jsonSchema {
+		return fmt.Errorf("--reference and --json-schema: give one")
+	}
+	return nil
+}
 
 func crdCommand() *cli.Command {
 	o := &crdOptions{}
 	return &cli.Command{
-		Use:   "crd [--reference]",
+		Use:   "crd [--reference | --json-schema]",
 		Short: "print the ModelRoute CustomResourceDefinition (generated from the CUE schema)",
 		Long: `
 Prints the ModelRoute CRD (apiextensions.k8s.io/v1) as YAML. Its OpenAPI
@@ -34,8 +41,11 @@ schema, so ` + "`kubectl apply`" + ` gives the same verdict as ` + "`autoconfig 
 		Options: o,
 		Run: func(_ context.Context, c *cli.Call) error {
 			gen := crdgen.YAML
-			if o.reference {
+			switch {
+			case o.reference:
 				gen = crdgen.Reference
+			case o.jsonSchema:
+				gen = crdgen.JSONSchema
 			}
 			b, err := gen()
 			if err != nil {
