@@ -76,7 +76,18 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 			t.Fatalf("%s on disk %q, want %q", k, got[k], v)
 		}
 	}
-	last := h.Outcomes()[len(h.Outcomes())-1]
+	// The HUP can arrive before the attempt's outcome is recorded.
+	var last Outcome
+	reloadtest.WaitFor(t, wait, "the second reload's outcome", func() bool {
+		n := 0
+		for _, o := range h.Outcomes() {
+			if o.Result == ResultSignalled {
+				n++
+				last = o
+			}
+		}
+		return n >= 2
+	})
 	if strings.Join(last.Quarantined, ",") != "b.conf,e.conf" {
 		t.Fatalf("quarantined %v, want b.conf, e.conf", last.Quarantined)
 	}

@@ -195,7 +195,14 @@ func TestNoProcessIsRetriedWithoutAChange(t *testing.T) {
 	if v := counterValue(t, h.r.Metrics, ResultNoProcess); v < 1 {
 		t.Fatalf("reloads_total{result=no_process} = %v, want at least 1", v)
 	}
-	last := h.Outcomes()[len(h.Outcomes())-1]
+	// The HUP can arrive before the attempt's outcome is recorded (the
+	// outcome is reported after the signal): wait for it.
+	var last Outcome
+	reloadtest.WaitFor(t, wait, "the signalled attempt to be recorded", func() bool {
+		o := h.Outcomes()
+		last = o[len(o)-1]
+		return last.Result != ResultNoProcess
+	})
 	if last.Result != ResultSignalled || last.PID != cart.PID() {
 		t.Fatalf("last attempt %+v, want signalled to %d", last, cart.PID())
 	}
