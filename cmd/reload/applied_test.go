@@ -49,7 +49,8 @@ type appliedEnv struct {
 
 const appliedNS = "llm"
 
-func startAppliedEnv(t testing.TB) *appliedEnv {
+// startAppliedEnv starts it; debounce is openresty-0's sidecar's --debounce.
+func startAppliedEnv(t testing.TB, debounce string) *appliedEnv {
 	t.Helper()
 	const ns = appliedNS
 	_, cfg := testenv.Start(t)
@@ -114,7 +115,7 @@ func startAppliedEnv(t testing.TB) *appliedEnv {
 	n0 := nginxtest.Start(t, nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")})
 	s0 := startSidecar(t, "--configmap", ns+"/routes", "--write-dir", dir0, "--kubeconfig", kubeconfig,
 		"--process", n0.MasterMatch(), "--sock-dir", n0.SockDir(), "--check-cmd", checkCmd(n0),
-		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", "100ms")
+		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", debounce)
 
 	// The controller, rendering for nginx's socket directory.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -151,7 +152,9 @@ const appliedKey = "session_route_qwen.conf"
 // False naming that pod, the first one Synced.
 func TestAppliedEndToEnd(t *testing.T) {
 	const ns = appliedNS
-	e := startAppliedEnv(t)
+	// A debounce long enough that the Stale state between the write and
+	// the reload is seen even on a loaded machine (the poll is 5 ms).
+	e := startAppliedEnv(t, "500ms")
 	k8s, dir0, s0, kubeconfig, backends, consumers, newPod := e.k8s, e.dir0, e.s0, e.kubeconfig, e.backends, e.consumers, e.newPod
 	ctx := context.Background()
 	key := appliedKey
@@ -267,7 +270,7 @@ func writeKubeconfig(t testing.TB, host string, ca, cert, key []byte) string {
 // nginx and recorded the new content on its pod). p50/p99 over b.N changes.
 // The sidecar runs with --debounce 100ms.
 func BenchmarkEndpointChangeToServed(b *testing.B) {
-	e := startAppliedEnv(b)
+	e := startAppliedEnv(b, "100ms")
 	ctx := context.Background()
 	cm := func() string {
 		var c corev1.ConfigMap
