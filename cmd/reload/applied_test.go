@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -309,11 +309,7 @@ func BenchmarkEndpointChangeToServed(b *testing.B) {
 		writes, serves = append(writes, wrote.Sub(start)), append(serves, done.Sub(start))
 	}
 	b.StopTimer()
-	pct := func(d []time.Duration, p float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds()) / 1000
-	}
+	pct := testbin.PercentileMs
 	b.ReportMetric(pct(writes, 0.5), "write-p50-ms")
 	b.ReportMetric(pct(writes, 0.99), "write-p99-ms")
 	b.ReportMetric(pct(serves, 0.5), "served-p50-ms")

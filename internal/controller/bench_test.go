@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -173,11 +173,7 @@ func BenchmarkConvergence(b *testing.B) {
 	noop := e.h.c.cmWrites.Load() - writes1
 	drain(e)
 
-	p := func(d []time.Duration, q float64) float64 {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return float64(s[min(len(s)-1, int(q*float64(len(s))))].Microseconds()) / 1000
-	}
+	p := testbin.PercentileMs
 	b.ReportMetric(p(conv, 0.50), "p50-ms")
 	b.ReportMetric(p(conv, 0.99), "p99-ms")
 	b.ReportMetric(p(raw, 0.50), "watch-p50-ms")
