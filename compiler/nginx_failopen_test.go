@@ -44,17 +44,23 @@ func hammer(t *testing.T, url string, n int) (fails int, bodies map[string]int) 
 				// POST, as chat completions are: a refused connection sent
 				// nothing, so nginx may retry it.
 				resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
-				ok, body := false, ""
+				ok, body, why := false, "", ""
 				if err == nil {
 					b, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
 					ok, body = resp.StatusCode == 200, string(b)
+					why = fmt.Sprintf("%d %q", resp.StatusCode, b)
+				} else {
+					why = err.Error()
 				}
 				mu.Lock()
 				if ok {
 					bodies[body]++
 				} else {
 					fails++
+					if fails <= 3 {
+						t.Logf("%s: failed: %s", url, why)
+					}
 				}
 				mu.Unlock()
 			}

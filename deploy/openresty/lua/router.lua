@@ -221,29 +221,13 @@ local function serving_tier(r, tried)
   end
 end
 
--- pick returns tier and peer index for the next try: in the serving tier,
--- the untried, usable peer with the fewest active requests, preferring
--- peers under their max_concurrency (ties rotate). When every peer is out
--- of the pick, the first tier with an untried peer is used anyway (a
--- request is never failed for ejection alone), except below a FailClose
--- cart tier.
-local function pick(r, tried)
-  local ti = serving_tier(r, tried)
-  local ignore_out = false
-  if not ti then
-    ignore_out = true
-    for i, t in ipairs(r.tiers) do
-      for pi = 1, #t.peers do
-        if not tried[i .. ":" .. pi] then ti = i break end
-      end
-      if ti or (r.fail_close and t.use == "cart") then break end
-    end
-    if not ti then return nil end
-  end
-  local t = r.tiers[ti]
+-- best_in_tier returns the index of tier t's untried peer with the fewest
+-- active requests, preferring peers under their max_concurrency (ties
+-- rotate); with ignore_out, ejected and unhealthy peers count too. nil when
+-- the tier has no such peer.
+local function best_in_tier(r, ti, t, tried, ignore_out)
   local n = #t.peers
   local best, best_free, best_active
-  r.rr = r.rr + 1
   for k = 0, n - 1 do
     local pi = (r.rr + k) % n + 1
     local p = t.peers[pi]
@@ -255,7 +239,30 @@ local function pick(r, tried)
       end
     end
   end
-  return ti, best
+  return best
+end
+
+-- pick returns tier and peer index for the next try: the best usable
+-- untried peer of the first tier that has one. When every peer is out of
+-- the pick, the first tier with an untried peer is used anyway (a request
+-- is never failed for ejection alone), except below a FailClose cart tier.
+-- Tier and peer come from one look at each peer: the shared state can
+-- change between two looks (another worker ejects a peer), and a tier
+-- chosen by one look with its peer chosen by another could have none.
+local function pick(r, tried)
+  r.rr = r.rr + 1
+  for pass = 1, 2 do
+    for ti, t in ipairs(r.tiers) do
+      local pi = best_in_tier(r, ti, t, tried, pass == 2)
+      if pi then
+        return ti, pi
+      end
+      if r.fail_close and t.use == "cart" then
+        break
+      end
+    end
+  end
+  return nil
 end
 
 -- connect_failed counts one connection failure of a peer and ejects it
