@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
@@ -19,51 +22,79 @@ import (
 func compileCommand() *cli.Command {
 	o := &compileOptions{}
 	return &cli.Command{
-		Use:   "compile -f ROUTE --endpoints SNAPSHOT [-o DIR] [--base-cart FILE] [--sock-dir DIR]",
-		Short: "render a route's outputs from a route file and an endpoint snapshot",
+		Use:   "compile (-f ROUTE --endpoints SNAPSHOT | --from-cluster [-n NS] NAME|-f ROUTE) [--output-dir DIR] [-o text|json|yaml] [--base-cart FILE] [--sock-dir DIR]",
+		Short: "render a route's outputs from files, or from the live cluster",
 		Long: `
 Validates ROUTE with the embedded schema (the same errors as autoconfig vet),
-then renders every output the route owns from files alone, exactly as the
-controller would write them:
+then renders every output the route owns exactly as the controller would
+write them:
   <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)
-  <cart.outputConfigMap>    config.yaml                 (only with spec.cart; needs --base-cart)
+  <cart.outputConfigMap>    config.yaml                 (only with spec.cart)
   <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)
-Without -o each output is printed to stdout after a header line
-"==> namespace/configmap/key <=="; with -o it is written to
-DIR/<namespace>/<configmap>/<key>. Warnings (e.g. a skipped peer tier) go to
-stderr. The snapshot format and the output formats are in docs/outputs.md.
-Exit status: 0 rendered, 1 invalid route, snapshot or base config, 2 usage error.
+From files: the endpoints come from the snapshot file SNAPSHOT and the CART
+base config (whose workers section is rewritten) from --base-cart.
+With --from-cluster: the route is the live route NAME (or the file ROUTE,
+not applied yet), and the endpoints and the CART base config come from the
+live cluster, discovered as the controller discovers them (read-only; see
+autoconfig diff for the flags and the RBAC it needs).
+Output: -o text (default) prints each output after a header line
+"==> namespace/configmap/key <=="; -o json and -o yaml print a list of
+{configMap, key, content}; --output-dir DIR writes each output to
+DIR/<namespace>/<configmap>/<key> instead. Warnings (e.g. a skipped peer
+tier) go to stderr. The snapshot format and the output formats are in
+docs/outputs.md.
+Exit status: 0 rendered, 1 invalid route, snapshot or base config (or, from
+the cluster, a route the controller would not write), 2 usage error.
 `,
 		Options: o,
-		Run: func(_ context.Context, c *cli.Call) error {
-			return runCompile(o, c.Stdin, c.Stdout, c.Stderr)
+		Args:    cobra.ArbitraryArgs,
+		Run: func(ctx context.Context, c *cli.Call) error {
+			if err := o.validateArgs(c.Args); err != nil {
+				return &cli.UsageError{Err: err}
+			}
+			return runCompile(ctx, o, c)
 		},
 	}
 }
 
 // compileOptions are the flags of `autoconfig compile`.
 type compileOptions struct {
-	route     string
-	endpoints string
-	outDir    string
-	baseCart  string
-	sockDir   string
+	cluster     clusterOptions
+	fromCluster bool
+	route       string
+	endpoints   string
+	outDir      string
+	output      string
+	baseCart    string
 }
 
 func (o *compileOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVarP(&o.route, "file", "f", "", "ModelRoute YAML file `ROUTE` (one document; - for stdin)")
 	fs.StringVar(&o.endpoints, "endpoints", "", "endpoint snapshot YAML file `SNAPSHOT` (format: docs/outputs.md)")
-	fs.StringVarP(&o.outDir, "output-dir", "o", "", "write each output to `DIR`/<namespace>/<configmap>/<key> instead of stdout")
-	fs.StringVar(&o.baseCart, "base-cart", "", "the CART chart's config.yaml whose workers section is rewritten (required when the route sets spec.cart)")
-	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image")
+	fs.StringVar(&o.outDir, "output-dir", "", "write each output to `DIR`/<namespace>/<configmap>/<key> instead of stdout")
+	fs.StringVarP(&o.output, "output", "o", "text", "output format on stdout: text, json or yaml")
+	fs.StringVar(&o.baseCart, "base-cart", "", "the CART chart's config.yaml whose workers section is rewritten (required when the route sets spec.cart, without --from-cluster)")
+	fs.BoolVar(&o.fromCluster, "from-cluster", false, "discover the endpoints (and the CART base config) in the live cluster as the controller does")
+	o.cluster.addFlags(fs, false)
 }
 
 func (o *compileOptions) Validate() error {
+	switch o.output {
+	case "text", "json", "yaml":
+	default:
+		return fmt.Errorf("-o is the output format (text, json or yaml), not %q; write files with --output-dir DIR", o.output)
+	}
+	if o.fromCluster {
+		if o.endpoints != "" || o.baseCart != "" {
+			return errors.New("--from-cluster reads the endpoints and the CART base config from the cluster: drop --endpoints and --base-cart")
+		}
+		return nil
+	}
 	if o.route == "" {
-		return errors.New("-f ROUTE is required")
+		return errors.New("-f ROUTE is required (or --from-cluster NAME)")
 	}
 	if o.endpoints == "" {
-		return errors.New("--endpoints SNAPSHOT is required")
+		return errors.New("--endpoints SNAPSHOT is required (or --from-cluster)")
 	}
 	if o.endpoints == "-" && o.route == "-" {
 		return errors.New("-f and --endpoints cannot both read stdin")
@@ -71,16 +102,50 @@ func (o *compileOptions) Validate() error {
 	return nil
 }
 
-// runCompile renders the outputs of o.route; an invalid route is reported
-// and the result is exit status 1.
-func runCompile(o *compileOptions, stdin io.Reader, stdout, stderr io.Writer) error {
-	src, name, err := readInput(o.route, stdin)
+func (o *compileOptions) validateArgs(args []string) error {
+	switch {
+	case !o.fromCluster && len(args) > 0:
+		return fmt.Errorf("unexpected argument %q: a route NAME needs --from-cluster", args[0])
+	case o.fromCluster && o.route == "" && len(args) != 1:
+		return errors.New("--from-cluster needs one route: NAME or -f ROUTE")
+	case o.fromCluster && o.route != "" && len(args) > 0:
+		return errors.New("give a route NAME or -f ROUTE, not both")
+	}
+	return nil
+}
+
+// compiled is one rendered output (-o json|yaml).
+type compiled struct {
+	ConfigMap string `json:"configMap"`
+	Key       string `json:"key"`
+	Content   string `json:"content"`
+}
+
+// runCompile renders the outputs of one route; an invalid route is
+// reported and the result is exit status 1.
+func runCompile(ctx context.Context, o *compileOptions, c *cli.Call) error {
+	var outs []compiled
+	var err error
+	if o.fromCluster {
+		outs, err = compileFromCluster(ctx, o, c)
+	} else {
+		outs, err = compileFromFiles(o, c.Stdin, c.Stderr)
+	}
 	if err != nil {
 		return err
 	}
+	return writeCompiled(o, outs, c.Stdout)
+}
+
+// compileFromFiles renders from the route and snapshot files.
+func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]compiled, error) {
+	src, name, err := readInput(o.route, stdin)
+	if err != nil {
+		return nil, err
+	}
 	v, err := schema.Default()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	route, err := v.Validate(name, src)
 	if err != nil {
@@ -89,57 +154,119 @@ func runCompile(o *compileOptions, stdin io.Reader, stdout, stderr io.Writer) er
 			for _, p := range inv.Problems {
 				fmt.Fprintln(stderr, p.String())
 			}
-			return cli.ExitCode(1)
+			return nil, cli.ExitCode(1)
 		}
-		return err
+		return nil, err
 	}
 	snapSrc, _, err := readInput(o.endpoints, stdin)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	snap, err := compiler.ParseSnapshot(snapSrc)
 	if err != nil {
-		return fmt.Errorf("%s: %w", o.endpoints, err)
+		return nil, fmt.Errorf("%s: %w", o.endpoints, err)
 	}
-	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), compiler.Options{SockDir: o.sockDir})
+	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), compiler.Options{SockDir: o.cluster.sockDir})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, w := range res.Warnings {
 		fmt.Fprintf(stderr, "autoconfig compile: warning: %s\n", w)
 	}
 	// Render everything before printing or writing anything: a failing
 	// output (e.g. a bad base config) leaves no partial result behind.
-	rendered := make([][]byte, len(res.Outputs))
-	for i, out := range res.Outputs {
+	out := make([]compiled, len(res.Outputs))
+	for i, r := range res.Outputs {
 		var current []byte
-		if out.Key == compiler.CartKey && route.Spec.Cart != nil {
+		if r.Key == compiler.CartKey && route.Spec.Cart != nil {
 			if o.baseCart == "" {
-				return fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)")
+				return nil, fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)")
 			}
 			if current, err = os.ReadFile(o.baseCart); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		if rendered[i], err = out.Render(current); err != nil {
+		b, err := r.Render(current)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = compiled{ConfigMap: r.ConfigMap, Key: r.Key, Content: string(b)}
+	}
+	return out, nil
+}
+
+// compileFromCluster renders one route from the live cluster (the
+// controller's reconcile steps, read-only).
+func compileFromCluster(ctx context.Context, o *compileOptions, c *cli.Call) ([]compiled, error) {
+	co := o.cluster
+	if o.route != "" {
+		co.files = []string{o.route}
+	}
+	ps, err := co.previews(ctx, c.Args, c.Stdin, c.Stderr)
+	if err != nil {
+		var code cli.ExitCode
+		if errors.As(err, &code) {
+			return nil, cli.ExitCode(1) // invalid route, already printed
+		}
+		return nil, err
+	}
+	if len(ps) != 1 {
+		return nil, fmt.Errorf("%s holds %d routes; compile renders one", o.route, len(ps))
+	}
+	p := ps[0]
+	for _, w := range p.Warnings {
+		fmt.Fprintf(c.Stderr, "autoconfig compile: warning: %s\n", w)
+	}
+	if len(p.Problems) > 0 && len(p.Outputs) == 0 {
+		for _, pr := range p.Problems {
+			fmt.Fprintf(c.Stderr, "autoconfig compile: %s: not ready, the controller writes nothing: %s\n", p.Route, pr)
+		}
+		return nil, cli.ExitCode(1)
+	}
+	var out []compiled
+	for _, po := range p.Outputs {
+		if po.Removed {
+			continue
+		}
+		if po.Err != nil {
+			return nil, fmt.Errorf("%s/%s: %w", po.ConfigMap, po.Key, po.Err)
+		}
+		out = append(out, compiled{ConfigMap: po.ConfigMap, Key: po.Key, Content: string(po.Rendered)})
+	}
+	return out, nil
+}
+
+// writeCompiled prints the outputs (-o) or writes them under --output-dir.
+func writeCompiled(o *compileOptions, outs []compiled, stdout io.Writer) error {
+	if o.outDir == "" {
+		switch o.output {
+		case "json":
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(outs)
+		case "yaml":
+			b, err := yaml.Marshal(outs)
+			if err != nil {
+				return err
+			}
+			_, err = stdout.Write(b)
 			return err
 		}
-	}
-	for i, out := range res.Outputs {
-		loc := out.ConfigMap + "/" + out.Key
-		if o.outDir == "" {
+		for i, out := range outs {
 			if i > 0 {
 				fmt.Fprintln(stdout)
 			}
-			fmt.Fprintf(stdout, "==> %s <==\n", loc)
-			stdout.Write(rendered[i])
-			continue
+			fmt.Fprintf(stdout, "==> %s/%s <==\n", out.ConfigMap, out.Key)
+			io.WriteString(stdout, out.Content)
 		}
-		path := filepath.Join(o.outDir, filepath.FromSlash(loc))
+		return nil
+	}
+	for _, out := range outs {
+		path := filepath.Join(o.outDir, filepath.FromSlash(out.ConfigMap+"/"+out.Key))
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(path, rendered[i], 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(out.Content), 0o644); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", path)

@@ -2,6 +2,7 @@
 //
 //	autoconfig vet FILE|DIR|- ...        validate ModelRoute YAML
 //	autoconfig compile -f ROUTE ...      render a route's outputs from files
+//	autoconfig diff [NAME ...]           diff what the controller would write
 //	autoconfig controller [flags]        run the in-cluster reconciler
 //	autoconfig crd                       print the generated CRD
 //	autoconfig version                   print the version
@@ -36,6 +37,7 @@ func rootCommand() *cli.Command {
 			compileCommand(),
 			controllerCommand(),
 			crdCommand(),
+			diffCommand(),
 			vetCommand(),
 			{
 				Use:   "version",

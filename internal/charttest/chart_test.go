@@ -156,6 +156,7 @@ func TestDefaultRender(t *testing.T) {
 		"ServiceAccount " + ns + "/ac-autoconfig",
 		"ClusterRole /ac-autoconfig", "ClusterRoleBinding /ac-autoconfig",
 		"ClusterRole /ac-autoconfig-nodes", "ClusterRoleBinding /ac-autoconfig-nodes",
+		"ClusterRole /ac-autoconfig-diff",
 		"Role " + ns + "/ac-autoconfig-leader-election", "RoleBinding " + ns + "/ac-autoconfig-leader-election",
 		"Deployment " + ns + "/ac-autoconfig", "Service " + ns + "/ac-autoconfig-metrics",
 		"ValidatingAdmissionPolicy /ac-autoconfig-served-report", "ValidatingAdmissionPolicyBinding /ac-autoconfig-served-report",

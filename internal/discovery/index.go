@@ -99,13 +99,19 @@ func PodNodeIndex(o client.Object) []string {
 	return nil
 }
 
-// SetupIndexes registers every index above (but IndexPodNode) on the cache.
-func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
-	reg := []struct {
-		obj client.Object
-		key string
-		fn  client.IndexerFunc
-	}{
+// Index is one field index: the key, the object kind it indexes and the
+// function computing an object's values.
+type Index struct {
+	Object client.Object
+	Key    string
+	Func   client.IndexerFunc
+}
+
+// Indexes are the field indexes the controller's cache carries (all of the
+// keys above but IndexPodNode). IndexedReader evaluates the same functions
+// over live lists, so the CLI finds what the controller finds.
+func Indexes() []Index {
+	return []Index{
 		{&discoveryv1.EndpointSlice{}, IndexSliceService, func(o client.Object) []string {
 			svc := o.GetLabels()[discoveryv1.LabelServiceName]
 			if svc == "" {
@@ -139,9 +145,13 @@ func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
 			return []string{o.GetNamespace()}
 		}},
 	}
-	for _, r := range reg {
-		if err := idx.IndexField(ctx, r.obj, r.key, r.fn); err != nil {
-			return fmt.Errorf("index %s: %w", r.key, err)
+}
+
+// SetupIndexes registers Indexes on the cache.
+func SetupIndexes(ctx context.Context, idx client.FieldIndexer) error {
+	for _, r := range Indexes() {
+		if err := idx.IndexField(ctx, r.Object, r.Key, r.Func); err != nil {
+			return fmt.Errorf("index %s: %w", r.Key, err)
 		}
 	}
 	return nil

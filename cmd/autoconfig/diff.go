@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pmezard/go-difflib/difflib"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/cli"
+	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// clusterOptions are the flags of the commands that read a live cluster
+// (diff, compile --from-cluster): which routes and how to reach them.
+type clusterOptions struct {
+	kubeconfig    string
+	context       string
+	namespace     string
+	allNamespaces bool
+	files         []string
+	trusted       []string
+	sockDir       string
+}
+
+// addFlags registers the flags; withFile adds -f (compile has its own).
+func (o *clusterOptions) addFlags(fs *pflag.FlagSet, withFile bool) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&o.context, "context", "", "kubeconfig context (default: the current one)")
+	fs.StringVarP(&o.namespace, "namespace", "n", "", "namespace of the routes (default: the context's namespace, else default)")
+	fs.BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "every route of every namespace")
+	if withFile {
+		fs.StringArrayVarP(&o.files, "file", "f", nil, "ModelRoute YAML `FILE` not applied yet (- for stdin; repeatable): previewed as if applied")
+	}
+	fs.StringSliceVar(&o.trusted, "trusted-namespace", nil, "the controller's --trusted-namespace values (grants are checked as the controller checks them)")
+	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image (the controller's --sock-dir)")
+}
+
+// client builds the live client and the namespace routes default to.
+func (o *clusterOptions) client() (client.Client, string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = o.kubeconfig
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
+	cfg, err := cc.ClientConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubeconfig: %w", err)
+	}
+	ns := o.namespace
+	if ns == "" {
+		if ns, _, err = cc.Namespace(); err != nil || ns == "" {
+			ns = "default"
+		}
+	}
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, "", err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, "", err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("client: %w", err)
+	}
+	return c, ns, nil
+}
+
+// routes resolves the command's routes: -f files (validated, with their
+// file:line problems), else the named routes, else every route of the
+// namespace (or of all with -A).
+func (o *clusterOptions) routes(ctx context.Context, c client.Client, ns string, names []string, stdin io.Reader, stderr io.Writer) ([]*v1alpha1.ModelRoute, error) {
+	var out []*v1alpha1.ModelRoute
+	if len(o.files) > 0 {
+		v, err := schema.Default()
+		if err != nil {
+			return nil, err
+		}
+		invalid := false
+		for _, f := range o.files {
+			src, name, err := readInput(f, stdin)
+			if err != nil {
+				return nil, err
+			}
+			for _, d := range v.ValidateStream(name, src) {
+				if d.OtherKind != "" {
+					continue
+				}
+				var inv *schema.InvalidError
+				if errors.As(d.Err, &inv) {
+					for _, p := range inv.Problems {
+						fmt.Fprintln(stderr, p.String())
+					}
+					invalid = true
+					continue
+				}
+				if d.Err != nil {
+					return nil, d.Err
+				}
+				rt := d.Route.DeepCopy()
+				if rt.Namespace == "" {
+					rt.Namespace = ns
+				}
+				// A route in the cluster under the same name keeps its
+				// status: the keys it holds are what the file would
+				// replace or remove.
+				var live v1alpha1.ModelRoute
+				if err := c.Get(ctx, client.ObjectKeyFromObject(rt), &live); err == nil {
+					rt.Status = live.Status
+					rt.UID = live.UID
+				}
+				out = append(out, rt)
+			}
+		}
+		if invalid {
+			return nil, cli.ExitCode(2)
+		}
+		return out, nil
+	}
+	if len(names) > 0 {
+		for _, n := range names {
+			var rt v1alpha1.ModelRoute
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: n}, &rt); err != nil {
+				return nil, fmt.Errorf("get modelroute %s/%s: %w", ns, n, err)
+			}
+			out = append(out, &rt)
+		}
+		return out, nil
+	}
+	var l v1alpha1.ModelRouteList
+	opts := []client.ListOption{}
+	if !o.allNamespaces {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	if err := c.List(ctx, &l, opts...); err != nil {
+		return nil, fmt.Errorf("list modelroutes: %w", err)
+	}
+	for i := range l.Items {
+		if l.Items[i].DeletionTimestamp.IsZero() {
+			out = append(out, &l.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// previews runs the controller's reconcile steps, read-only, for every
+// route the flags name.
+func (o *clusterOptions) previews(ctx context.Context, names []string, stdin io.Reader, stderr io.Writer) ([]*controller.Preview, error) {
+	c, ns, err := o.client()
+	if err != nil {
+		return nil, err
+	}
+	routes, err := o.routes(ctx, c, ns, names, stdin, stderr)
+	if err != nil {
+		return nil, err
+	}
+	v, err := schema.Default()
+	if err != nil {
+		return nil, err
+	}
+	pv := controller.NewPreviewer(c, v, compiler.Options{SockDir: o.sockDir}, o.trusted)
+	var out []*controller.Preview
+	for _, rt := range routes {
+		p, err := pv.Preview(ctx, rt)
+		if err != nil {
+			return nil, fmt.Errorf("route %s/%s: %w", rt.Namespace, rt.Name, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (o *clusterOptions) validate(args []string) error {
+	if len(o.files) > 0 && (len(args) > 0 || o.allNamespaces) {
+		return errors.New("-f FILE cannot be combined with route names or -A")
+	}
+	if o.allNamespaces && (len(args) > 0 || o.namespace != "") {
+		return errors.New("-A cannot be combined with route names or -n")
+	}
+	return nil
+}
+
+func diffCommand() *cli.Command {
+	o := &diffOptions{}
+	return &cli.Command{
+		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json]",
+		Short: "show what the controller would change in the live ConfigMaps",
+		Long: `
+Builds each route's endpoint snapshot from the live cluster exactly as the
+controller does (the same validation, grants, discovery and compiler code,
+with the controller's field indexes evaluated client-side), renders it, and
+prints a unified diff of every output ConfigMap key against its live
+content. Nothing is written: the command needs only read access (get/list
+on modelroutes, services, endpointslices, pods, nodes and configmaps; the
+chart's <release>-diff ClusterRole).
+
+Routes: the NAMEs in -n NS; every route of NS without NAMEs; every route
+with -A; or the routes of -f FILE (not yet applied; a route of the same name
+in the cluster lends its status, so keys it would stop rendering show as
+removed). What keeps a route from Ready (no backends, a missing Service, an
+ungranted namespace) is printed to stderr: the controller then writes
+nothing, so there is no diff for that route.
+
+Exit status: 0 no difference, 1 differences, 2 error (an invalid route, an
+unreachable cluster, a missing route).
+`,
+		Options: o,
+		Args:    cobra.ArbitraryArgs,
+		Run: func(ctx context.Context, c *cli.Call) error {
+			if err := o.validate(c.Args); err != nil {
+				return &cli.UsageError{Err: err}
+			}
+			// diff's exit status 1 means "differences": every error,
+			// whatever its kind, is 2.
+			err := runDiff(ctx, o, c)
+			var code cli.ExitCode
+			if err != nil && !errors.As(err, &code) {
+				fmt.Fprintf(c.Stderr, "autoconfig diff: %v\n", err)
+				return cli.ExitCode(2)
+			}
+			return err
+		},
+	}
+}
+
+// diffOptions are the flags of `autoconfig diff`.
+type diffOptions struct {
+	clusterOptions
+	output string
+}
+
+func (o *diffOptions) AddFlags(fs *pflag.FlagSet) {
+	o.addFlags(fs, true)
+	fs.StringVarP(&o.output, "output", "o", "text", "output format: text (unified diff) or json")
+}
+
+func (o *diffOptions) Validate() error {
+	if o.output != "text" && o.output != "json" {
+		return fmt.Errorf("--output must be text or json, not %q", o.output)
+	}
+	return nil
+}
+
+// diffKey is one key in -o json.
+type diffKey struct {
+	ConfigMap string `json:"configMap"`
+	Key       string `json:"key"`
+	// Change is "create", "update", "remove", "none" or "error".
+	Change string `json:"change"`
+	Diff   string `json:"diff,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// diffRoute is one route in -o json.
+type diffRoute struct {
+	Route    string    `json:"route"`
+	Keys     []diffKey `json:"keys"`
+	Problems []string  `json:"problems,omitempty"`
+	Warnings []string  `json:"warnings,omitempty"`
+}
+
+func runDiff(ctx context.Context, o *diffOptions, c *cli.Call) error {
+	ps, err := o.previews(ctx, c.Args, c.Stdin, c.Stderr)
+	if err != nil {
+		return err
+	}
+	changed := false
+	var routes []diffRoute
+	for _, p := range ps {
+		dr := diffRoute{Route: p.Route, Problems: p.Problems, Warnings: p.Warnings}
+		for _, out := range p.Outputs {
+			k := diffKey{ConfigMap: out.ConfigMap, Key: out.Key, Change: "none"}
+			switch {
+			case out.Err != nil:
+				k.Change, k.Error = "error", out.Err.Error()
+			case out.Changed():
+				changed = true
+				k.Change = "update"
+				if !out.LiveExists {
+					k.Change = "create"
+				} else if out.Removed {
+					k.Change = "remove"
+				}
+				k.Diff = unifiedDiff(out)
+			}
+			dr.Keys = append(dr.Keys, k)
+		}
+		routes = append(routes, dr)
+	}
+	if o.output == "json" {
+		enc := json.NewEncoder(c.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(routes); err != nil {
+			return err
+		}
+	} else {
+		for _, r := range routes {
+			for _, w := range r.Warnings {
+				fmt.Fprintf(c.Stderr, "autoconfig diff: %s: warning: %s\n", r.Route, w)
+			}
+			for _, p := range r.Problems {
+				fmt.Fprintf(c.Stderr, "autoconfig diff: %s: not ready: %s\n", r.Route, p)
+			}
+			for _, k := range r.Keys {
+				if k.Error != "" {
+					fmt.Fprintf(c.Stderr, "autoconfig diff: %s: %s/%s: not rendered: %s\n", r.Route, k.ConfigMap, k.Key, k.Error)
+				}
+				io.WriteString(c.Stdout, k.Diff)
+			}
+		}
+	}
+	if changed {
+		return cli.ExitCode(1)
+	}
+	return nil
+}
+
+// unifiedDiff is the diff of one key, live (a/) against rendered (b/), as
+// git prints it; a missing key is /dev/null.
+func unifiedDiff(out controller.PreviewOutput) string {
+	loc := out.ConfigMap + "/" + out.Key
+	from, to := "a/"+loc, "b/"+loc
+	if !out.LiveExists {
+		from = "/dev/null"
+	}
+	if out.Removed {
+		to = "/dev/null"
+	}
+	s, err := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
+		A: lines(out.Live), B: lines(out.Rendered),
+		FromFile: from, ToFile: to, Context: 3,
+	})
+	if err != nil {
+		return fmt.Sprintf("--- %s\n+++ %s\n(diff failed: %v)\n", from, to, err)
+	}
+	return s
+}
+
+// lines splits b into lines that keep their newline; a last line without
+// one is marked as diff(1) marks it.
+func lines(b []byte) []string {
+	if len(b) == 0 {
+		return nil
+	}
+	ls := strings.SplitAfter(string(b), "\n")
+	if ls[len(ls)-1] == "" {
+		ls = ls[:len(ls)-1]
+	} else {
+		ls[len(ls)-1] += "\n\\ No newline at end of file\n"
+	}
+	return ls
+}
