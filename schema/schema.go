@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,8 @@ import (
 	"cuelang.org/go/cue/token"
 	cuejson "cuelang.org/go/encoding/json"
 	cueyaml "cuelang.org/go/encoding/yaml"
+	goccyyaml "github.com/goccy/go-yaml"
+	goccyparser "github.com/goccy/go-yaml/parser"
 	"gopkg.in/yaml.v3"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -85,10 +86,12 @@ func New() (*Validator, error) {
 
 // Problem is one validation failure, located in the input document.
 type Problem struct {
-	// File and Line locate the offending value in the input (Line 0 when the
-	// field is missing: then it is the document's first line).
-	File string `json:"file"`
-	Line int    `json:"line"`
+	// File, Line and Column locate the problem in the input: the value of
+	// a bad value, the key of an unknown field, the document's start for
+	// a missing field (Column 0 when only the line is known).
+	File   string `json:"file"`
+	Line   int    `json:"line"`
+	Column int    `json:"column,omitempty"`
 	// Path is the field path, e.g. spec.nginx.route.
 	Path string `json:"path"`
 	// Message says what is wrong and what to do.
@@ -96,10 +99,14 @@ type Problem struct {
 }
 
 func (p Problem) String() string {
-	if p.Path == "" {
-		return fmt.Sprintf("%s:%d: %s", p.File, p.Line, p.Message)
+	loc := fmt.Sprintf("%s:%d", p.File, p.Line)
+	if p.Column > 0 {
+		loc += fmt.Sprintf(":%d", p.Column)
 	}
-	return fmt.Sprintf("%s:%d: %s: %s", p.File, p.Line, p.Path, p.Message)
+	if p.Path == "" {
+		return loc + ": " + p.Message
+	}
+	return loc + ": " + p.Path + ": " + p.Message
 }
 
 // InvalidError is returned for a document that breaks the schema.
@@ -113,6 +120,17 @@ func (e *InvalidError) Error() string {
 		s[i] = p.String()
 	}
 	return strings.Join(s, "\n")
+}
+
+// SyntaxError is a YAML document that cannot be parsed.
+type SyntaxError struct {
+	File         string
+	Line, Column int // Column 0 when only the line is known
+	Message      string
+}
+
+func (e *SyntaxError) Error() string {
+	return Problem{File: e.File, Line: e.Line, Column: e.Column, Message: "parse yaml: " + e.Message}.String()
 }
 
 // Document is one validated route of a (multi-document) file.
@@ -157,8 +175,12 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 			return v.validatePlain(filename, src)
 		}
 		if err != nil {
-			line := yamlErrLine(err)
-			docs = append(docs, Document{File: filename, Line: line, Err: fmt.Errorf("%s:%d: parse yaml: %s", filename, line, yamlErrMsg(err))})
+			line, col := yamlErrPos(err)
+			msg := yamlErrMsg(err)
+			if l, c, m, ok := syntaxErrorAt(src); ok {
+				line, col, msg = l, c, m
+			}
+			docs = append(docs, Document{File: filename, Line: line, Err: &SyntaxError{File: filename, Line: line, Column: col, Message: msg}})
 			break
 		}
 		line := expr.Pos().Line()
@@ -172,8 +194,7 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 		// BuildExpr, not CompileBytes: a long-lived cue.Context keeps every
 		// file it compiles for good (yaml.Extract + BuildFile retains ~20 KB
 		// per document); BuildExpr on the extracted expression stays flat.
-		data := v.ctx.BuildExpr(expr)
-		r, err := v.check(filename, line, data)
+		r, err := v.check(filename, expr.Pos(), expr, true)
 		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err})
 	}
 	return docs
@@ -240,7 +261,7 @@ func (v *Validator) validatePlain(filename string, src []byte) []Document {
 			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)})
 			continue
 		}
-		r, err := v.check(filename, node.Line, v.ctx.BuildExpr(expr))
+		r, err := v.check(filename, lineOnly(filename, node.Line), expr, false)
 		docs = append(docs, Document{File: filename, Line: node.Line, Route: r, Err: err})
 	}
 	return docs
@@ -293,80 +314,13 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	r, err := v.check(name, 1, v.ctx.BuildExpr(expr))
+	r, err := v.check(name, lineOnly(name, 1), expr, false)
 	if err != nil {
 		return nil, err
 	}
 	r.ObjectMeta = *in.ObjectMeta.DeepCopy()
 	r.Status = in.Status
 	return r, nil
-}
-
-// check unifies data-first (so error paths read spec.…), validates concrete
-// and decodes into the Go types. The caller holds v.mu.
-func (v *Validator) check(filename string, line int, data cue.Value) (*v1alpha1.ModelRoute, error) {
-	u := data.Unify(v.def)
-	if err := u.Validate(cue.Concrete(true), cue.Final()); err != nil {
-		return nil, &InvalidError{Problems: problems(filename, line, err)}
-	}
-	var r v1alpha1.ModelRoute
-	if err := u.Decode(&r); err != nil {
-		return nil, fmt.Errorf("%s:%d: decode route: %w", filename, line, err)
-	}
-	return &r, nil
-}
-
-// problems turns CUE errors into located, deduplicated Problems. The line is
-// the first position inside the input file; the message is CUE's, which for
-// every rule is the schema's plain-words error() text.
-func problems(filename string, docLine int, err error) []Problem {
-	seen := map[string]bool{}
-	var out []Problem
-	for _, e := range cueerrors.Errors(err) {
-		format, args := e.Msg()
-		msg := fmt.Sprintf(format, args...)
-		if strings.HasSuffix(msg, "errors in empty disjunction:") {
-			// A summary line; the disjuncts' own errors follow it.
-			continue
-		}
-		path := strings.Join(e.Path(), ".")
-		if f, ok := strings.CutPrefix(msg, "required field missing: "); ok {
-			// CUE names the missing field in the message, not the path.
-			path = strings.TrimPrefix(path+"."+f, ".")
-			msg = "field is required but not present"
-		}
-		// Two failures CUE reports without a useful path: a missing
-		// metadata.name (seen through the rule guard _named) and a peer
-		// without use (seen through the rules comparing it).
-		switch {
-		case path == "_named":
-			path, msg = "metadata.name", "field is required but not present"
-		case strings.Contains(msg, `non-concrete value =~"^(cart|backend|backend-svc)$"`):
-			path, msg = "spec.nginx.peers", "every peer needs use: cart, backend or backend-svc; add it"
-		}
-		line := 0
-		for _, p := range append([]token.Pos{e.Position()}, e.InputPositions()...) {
-			if p.IsValid() && p.Filename() == filename {
-				line = p.Line()
-				break
-			}
-		}
-		if line == 0 {
-			line = docLine
-		}
-		p := Problem{File: filename, Line: line, Path: path, Message: humanize(msg)}
-		if k := p.String(); !seen[k] {
-			seen[k] = true
-			out = append(out, p)
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].Line != out[j].Line {
-			return out[i].Line < out[j].Line
-		}
-		return out[i].Path < out[j].Path
-	})
-	return out
 }
 
 // humanize rewrites CUE's generic messages (for the few failures that have
@@ -383,22 +337,34 @@ func humanize(msg string) string {
 	return msg
 }
 
-// yamlErrPos matches the "file:line: " a YAML decoder error starts with.
-var yamlErrPos = regexp.MustCompile(`^(?:.*?:)?(\d+): `)
+// yamlErrAt matches the "file:line: " a YAML decoder error starts with.
+var yamlErrAt = regexp.MustCompile(`^(?:.*?:)?(\d+): `)
 
-// yamlErrLine is the line of a YAML syntax error: its CUE position, else
-// the line the decoder's message names.
-func yamlErrLine(err error) int {
+// syntaxErrorAt locates a YAML syntax error with a second parser that
+// gives columns (CUE's decoder reports the line only); ok is false when
+// that parser finds no syntax error.
+func syntaxErrorAt(src []byte) (line, col int, msg string, ok bool) {
+	_, err := goccyparser.ParseBytes(src, 0)
+	var se *goccyyaml.SyntaxError
+	if !errors.As(err, &se) || se.Token == nil || se.Token.Position == nil {
+		return 0, 0, "", false
+	}
+	return se.Token.Position.Line, se.Token.Position.Column, se.Message, true
+}
+
+// yamlErrPos is the line and column of a YAML syntax error: its CUE
+// position, else the line the decoder's message names (column 0).
+func yamlErrPos(err error) (line, col int) {
 	for _, e := range cueerrors.Errors(err) {
 		if p := e.Position(); p.IsValid() {
-			return p.Line()
+			return p.Line(), p.Column()
 		}
 	}
-	if m := yamlErrPos.FindStringSubmatch(yamlErrMsgRaw(err)); m != nil {
+	if m := yamlErrAt.FindStringSubmatch(yamlErrMsgRaw(err)); m != nil {
 		n, _ := strconv.Atoi(m[1])
-		return n
+		return n, 0
 	}
-	return 0
+	return 0, 0
 }
 
 func yamlErrMsgRaw(err error) string { return err.Error() }
@@ -406,7 +372,7 @@ func yamlErrMsgRaw(err error) string { return err.Error() }
 // yamlErrMsg is the decoder's message without its own "file:line: ".
 func yamlErrMsg(err error) string {
 	msg := yamlErrMsgRaw(err)
-	if loc := yamlErrPos.FindStringIndex(msg); loc != nil {
+	if loc := yamlErrAt.FindStringIndex(msg); loc != nil {
 		return msg[loc[1]:]
 	}
 	return msg

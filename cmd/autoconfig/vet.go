@@ -133,10 +133,13 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 				routes = append(routes, vetRoute{result: len(results), doc: d})
 			}
 			var inv *schema.InvalidError
+			var syn *schema.SyntaxError
 			switch {
 			case d.Err == nil:
 			case errors.As(d.Err, &inv):
 				r.Problems = inv.Problems
+			case errors.As(d.Err, &syn):
+				r.Problems = []schema.Problem{{File: syn.File, Line: syn.Line, Column: syn.Column, Message: "parse yaml: " + syn.Message}}
 			default:
 				// A parse error: its text already starts with file:line.
 				msg := strings.TrimPrefix(d.Err.Error(), fmt.Sprintf("%s:%d: ", d.File, d.Line))
