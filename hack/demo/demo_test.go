@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/charttest"
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
 // TestDemo runs the whole demo without pauses: the real apiserver, the real
@@ -19,10 +24,45 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, &out, options{Nginx: "on", Timeout: 90 * time.Second})
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, err := charttest.MetricsRead(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := map[string]bool{}
+	// The chart's alerts and dashboard read only metrics the real
+	// binaries serve: each name is in a scrape of its binary's /metrics
+	// once the demo's scenes have run (hagate's are checked by
+	// cmd/hagate's tests).
+	converged := func(urls map[string]string) error {
+		for bin, url := range urls {
+			body, err := scrape(url)
+			if err != nil {
+				return err
+			}
+			var mine []string
+			for _, n := range read {
+				if charttest.MetricOwner(n) == bin {
+					mine = append(mine, n)
+				}
+			}
+			if missing := charttest.MissingFromScrape(mine, body); len(missing) > 0 {
+				t.Errorf("the chart's rules or dashboard read %v, which a scrape of %s (%s) lacks", missing, bin, url)
+			}
+			scraped[bin] = len(mine) > 0
+		}
+		return nil
+	}
+	err = run(ctx, &out, options{Nginx: "on", Timeout: 90 * time.Second, Converged: converged})
 	t.Logf("demo output:\n%s", out.String())
 	if err != nil {
 		t.Fatalf("demo: %v", err)
+	}
+	if !scraped["autoconfig"] || !scraped["reload"] {
+		t.Errorf("scraped %v; want the controller's and reload's metrics checked", scraped)
 	}
 	for _, want := range []string{
 		"served by video-1, video-2 (",
@@ -45,6 +85,16 @@ func TestDemo(t *testing.T) {
 		!regexp.MustCompile(`(?m)`+llmRoute+`\s+\d+\s+\d+\s+True\s+1/1\s`).MatchString(out.String()) {
 		t.Errorf("the route table does not show the llm route SYNCED 1/1")
 	}
+}
+
+func scrape(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
 }
 
 func TestLineDiff(t *testing.T) {

@@ -39,6 +39,10 @@ type options struct {
 	Timeout time.Duration
 	// Autoconfig is a prebuilt autoconfig binary (default: build one).
 	Autoconfig string
+	// Converged, if set, runs after the scaling scenes (before the
+	// routes are scaled to zero and deleted), with the /metrics URLs of the binaries by name
+	// ("autoconfig", and "reload" with the nginx data plane).
+	Converged func(metrics map[string]string) error
 }
 
 func (o *options) AddFlags(fs *flag.FlagSet) {

@@ -42,6 +42,8 @@ type demo struct {
 	last map[string]string
 	// ctrlHealth is the controller's health address.
 	ctrlHealth, ctrlMetrics string
+	// reloadMetrics is the reload sidecar's metrics address.
+	reloadMetrics string
 }
 
 // Names of what the demo creates (the sample routes' references).
@@ -232,11 +234,16 @@ func (d *demo) startNginx(ctx context.Context) error {
 	d.nginx = n
 	d.procs = append(d.procs, &proc{name: "nginx", stop: n.Close})
 	d.say("nginx dispatch on %s, routes from %s, lua router from deploy/openresty/lua", n.Addr(), routes)
+	mp, err := nginxtest.FreePort()
+	if err != nil {
+		return err
+	}
+	d.reloadMetrics = "127.0.0.1:" + strconv.Itoa(mp)
 	args := []string{
 		"--configmap", routeNS + "/" + nginxCM, "--write-dir", routes, "--kubeconfig", d.kube,
 		"--process", n.MasterMatch(), "--sock-dir", n.SockDir(),
 		"--pod-name", openrestyPod, "--pod-namespace", routeNS,
-		"--debounce", "200ms", "--metrics-addr", "",
+		"--debounce", "200ms", "--metrics-addr", d.reloadMetrics,
 	}
 	p, err := d.start("reload", filepath.Join(d.bin, "reload"), args...)
 	if err != nil {

@@ -64,6 +64,15 @@ func (d *demo) scenes(ctx context.Context) error {
 			d.pause(ctx)
 		}
 	}
+	if c := d.o.Converged; c != nil {
+		urls := map[string]string{"autoconfig": "http://" + d.ctrlMetrics + "/metrics"}
+		if d.reloadMetrics != "" {
+			urls["reload"] = "http://" + d.reloadMetrics + "/metrics"
+		}
+		if err := c(urls); err != nil {
+			return err
+		}
+	}
 	if err := d.scaleToZero(ctx); err != nil {
 		return err
 	}

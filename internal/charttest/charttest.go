@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -143,3 +144,70 @@ func (r *Release) Kinds() []string {
 
 // Path joins the module root and the chart directory.
 func Path(root string) string { return filepath.Join(root, ChartDir) }
+
+// metricRef matches the metric names the chart's rules and dashboard read.
+var metricRef = regexp.MustCompile(`\b(?:autoconfig|controller_runtime|workqueue|rest_client)_[a-z_]+\b`)
+
+// MetricsRead renders the chart (root is the module root) with its
+// PrometheusRule and Grafana dashboard enabled and returns the metric
+// names they read, without the _bucket, _sum and _count suffixes of a
+// histogram's series, sorted. Tests that run the real binaries check
+// each name against a scrape of the binary that serves it (MetricOwner).
+func MetricsRead(root string) ([]string, error) {
+	rel, err := Render(Path(root), "obs", "obs", map[string]any{"metrics": map[string]any{
+		"prometheusRule":   map[string]any{"enabled": true},
+		"grafanaDashboard": map[string]any{"enabled": true},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	pr := rel.Find("PrometheusRule", "obs", "obs-autoconfig")
+	dash := rel.Find("ConfigMap", "obs", "obs-autoconfig-dashboard")
+	if pr == nil || dash == nil {
+		return nil, errors.New("the chart renders no PrometheusRule or dashboard ConfigMap")
+	}
+	rules, err := yaml.Marshal(pr.Object["spec"])
+	if err != nil {
+		return nil, err
+	}
+	data, _ := dash.Object["data"].(map[string]any)
+	board, _ := data["autoconfig.json"].(string)
+	seen := map[string]bool{}
+	for _, n := range metricRef.FindAllString(string(rules)+"\n"+board, -1) {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(n, suffix); ok && (strings.HasSuffix(b, "_seconds") || strings.HasSuffix(b, "_bytes")) {
+				n = b
+			}
+		}
+		seen[n] = true
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// MetricOwner is the binary that serves a metric: "reload", "hagate" or
+// "readyz" by prefix, else the controller ("autoconfig").
+func MetricOwner(name string) string {
+	for _, b := range []string{"reload", "hagate", "readyz"} {
+		if strings.HasPrefix(name, "autoconfig_"+b+"_") {
+			return b
+		}
+	}
+	return "autoconfig"
+}
+
+// MissingFromScrape returns the names (of MetricsRead) that the
+// Prometheus text exposition body lacks: no "# TYPE name" line.
+func MissingFromScrape(names []string, body string) []string {
+	var out []string
+	for _, n := range names {
+		if !strings.Contains(body, "\n# TYPE "+n+" ") && !strings.HasPrefix(body, "# TYPE "+n+" ") {
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -146,7 +146,7 @@ func (r *Reconciler) reportChanges(st *state, outcomes []sink.Outcome) {
 			what = "backends unchanged (the spec, a tier or a ConfigMap's other content changed)"
 		}
 	}
-	ctrl.Log.WithName(Name).Info("output changed", "route", key.String(), "outputs", written, "backends", len(backends), "added", added, "removed", removed)
+	ctrl.Log.WithName(Name).Info("output changed", "route", key.String(), "outputs", written, "backends", len(backends), "added", added, "removed", removed, "change", what)
 	if !event || r.Recorder == nil {
 		return
 	}
