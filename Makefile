@@ -34,6 +34,7 @@ generate: ## regenerate every generated file
 	@if [ -d deploy/helm/autoconfig/crds ]; then cp $(CRD_FILE) deploy/helm/autoconfig/crds/; fi
 	$(GO) run ./cmd/autoconfig crd --reference > docs/reference.md
 	mkdir -p deploy/schemas && $(GO) run ./cmd/autoconfig crd --json-schema > deploy/schemas/modelroute-v1alpha1.schema.json
+	$(GO) run ./cmd/autoconfig crd --openapi > deploy/schemas/modelroute-v1alpha1.openapi.json
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
@@ -79,10 +77,8 @@ func (o *compileOptions) AddFlags(fs *pflag.FlagSet) {
 }
 
 func (o *compileOptions) Validate() error {
-	switch o.output {
-	case "text", "json", "yaml":
-	default:
-		return fmt.Errorf("-o is the output format (text, json or yaml), not %q; write files with --output-dir DIR", o.output)
+	if err := checkOutput(o.output); err != nil {
+		return fmt.Errorf("%w; write files with --output-dir DIR", err)
 	}
 	if o.fromCluster {
 		if o.endpoints != "" || o.baseCart != "" {
@@ -239,18 +235,8 @@ func compileFromCluster(ctx context.Context, o *compileOptions, c *cli.Call) ([]
 // writeCompiled prints the outputs (-o) or writes them under --output-dir.
 func writeCompiled(o *compileOptions, outs []compiled, stdout io.Writer) error {
 	if o.outDir == "" {
-		switch o.output {
-		case "json":
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(outs)
-		case "yaml":
-			b, err := yaml.Marshal(outs)
-			if err != nil {
-				return err
-			}
-			_, err = stdout.Write(b)
-			return err
+		if o.output != "text" {
+			return printMachine(stdout, o.output, outs)
 		}
 		for i, out := range outs {
 			if i > 0 {

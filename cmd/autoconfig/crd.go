@@ -11,16 +11,23 @@ import (
 )
 
 // crdOptions are the flags of `autoconfig crd`.
-type crdOptions struct{ reference, jsonSchema bool }
+type crdOptions struct{ reference, jsonSchema, openAPI bool }
 
 func (o *crdOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.reference, "reference", false, "print the Markdown field reference (docs/reference.md) instead of the CRD")
 	fs.BoolVar(&o.jsonSchema, "json-schema", false, "print the ModelRoute JSON Schema (for editors and kubeconform; deploy/schemas/"+crdgen.JSONSchemaFile+") instead of the CRD")
+	fs.BoolVar(&o.openAPI, "openapi", false, "print an OpenAPI 3.0 document with the ModelRoute schema (deploy/schemas/"+crdgen.OpenAPIFile+") instead of the CRD")
 }
 
 func (o *crdOptions) Validate() error {
-	if o.reference && o.jsonSchema {
-		return fmt.Errorf("--reference and --json-schema: give one")
+	n := 0
+	for _, b := range []bool{o.reference, o.jsonSchema, o.openAPI} {
+		if b {
+			n++
+		}
+	}
+	if n > 1 {
+		return fmt.Errorf("--reference, --json-schema and --openapi: give one")
 	}
 	return nil
 }
@@ -28,7 +35,7 @@ func (o *crdOptions) Validate() error {
 func crdCommand() *cli.Command {
 	o := &crdOptions{}
 	return &cli.Command{
-		Use:   "crd [--reference | --json-schema]",
+		Use:   "crd [--reference | --json-schema | --openapi]",
 		Short: "print the ModelRoute CustomResourceDefinition (generated from the CUE schema)",
 		Long: `
 Prints the ModelRoute CRD (apiextensions.k8s.io/v1) as YAML. Its OpenAPI
@@ -46,6 +53,8 @@ schema, so ` + "`kubectl apply`" + ` gives the same verdict as ` + "`autoconfig 
 				gen = crdgen.Reference
 			case o.jsonSchema:
 				gen = crdgen.JSONSchema
+			case o.openAPI:
+				gen = crdgen.OpenAPI
 			}
 			b, err := gen()
 			if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -194,7 +193,7 @@ func (o *clusterOptions) validate(args []string) error {
 func diffCommand() *cli.Command {
 	o := &diffOptions{}
 	return &cli.Command{
-		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json]",
+		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json|yaml]",
 		Short: "show what the controller would change in the live ConfigMaps",
 		Long: `
 Builds each route's endpoint snapshot from the live cluster exactly as the
@@ -242,12 +241,12 @@ type diffOptions struct {
 
 func (o *diffOptions) AddFlags(fs *pflag.FlagSet) {
 	o.addFlags(fs, true)
-	fs.StringVarP(&o.output, "output", "o", "text", "output format: text (unified diff) or json")
+	fs.StringVarP(&o.output, "output", "o", "text", "output format: text (unified diff), json or yaml")
 }
 
 func (o *diffOptions) Validate() error {
-	if o.output != "text" && o.output != "json" {
-		return fmt.Errorf("--output must be text or json, not %q", o.output)
+	if err := checkOutput(o.output); err != nil {
+		return err
 	}
 	return nil
 }
@@ -298,10 +297,8 @@ func runDiff(ctx context.Context, o *diffOptions, c *cli.Call) error {
 		}
 		routes = append(routes, dr)
 	}
-	if o.output == "json" {
-		enc := json.NewEncoder(c.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(routes); err != nil {
+	if o.output != "text" {
+		if err := printMachine(c.Stdout, o.output, routes); err != nil {
 			return err
 		}
 	} else {

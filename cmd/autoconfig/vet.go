@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +23,7 @@ import (
 func vetCommand() *cli.Command {
 	o := &vetOptions{}
 	return &cli.Command{
-		Use:   "vet [-o text|json] [--strict-kinds] FILE|DIR|- ...",
+		Use:   "vet [-o text|json|yaml] [--strict-kinds] FILE|DIR|- ...",
 		Short: "validate ModelRoute YAML files, directories or stdin (-)",
 		Long: `
 Validates ModelRoute YAML against the embedded CUE schema: multi-document
@@ -57,13 +56,13 @@ type vetOptions struct {
 }
 
 func (o *vetOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
+	fs.StringVarP(&o.output, "output", "o", "text", "output format: text, json or yaml")
 	fs.BoolVar(&o.strictKinds, "strict-kinds", false, "report documents that are not ModelRoutes as problems instead of skipping them")
 }
 
 func (o *vetOptions) Validate() error {
-	if o.output != "text" && o.output != "json" {
-		return fmt.Errorf("--output must be text or json, not %q", o.output)
+	if err := checkOutput(o.output); err != nil {
+		return err
 	}
 	return nil
 }
@@ -169,10 +168,8 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 			fmt.Fprintln(stderr, c.problem.String())
 		}
 	}
-	if o.output == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(results); err != nil {
+	if o.output != "text" {
+		if err := printMachine(stdout, o.output, results); err != nil {
 			return err
 		}
 	} else if invalid == 0 {

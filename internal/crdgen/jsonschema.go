@@ -137,3 +137,38 @@ func mergeRequired(cur any, add ...string) []any {
 	}
 	return out
 }
+
+// OpenAPIFile is the committed OpenAPI export, in deploy/schemas.
+const OpenAPIFile = "modelroute-v1alpha1.openapi.json"
+
+// OpenAPI renders an OpenAPI 3.0 document whose components.schemas holds
+// the ModelRoute: the CRD's own structural schema (the x-kubernetes-*
+// extensions and CEL rules included, as the API server publishes it),
+// for API tooling that reads OpenAPI rather than CRDs.
+func OpenAPI() ([]byte, error) {
+	r, err := Generate()
+	if err != nil {
+		return nil, err
+	}
+	if len(r.CRD.Spec.Versions) != 1 || r.CRD.Spec.Versions[0].Schema == nil {
+		return nil, fmt.Errorf("the CRD has no single version schema")
+	}
+	name := strings.ReplaceAll(v1alpha1.Group, ".", "_") + "_" + r.CRD.Spec.Versions[0].Name + "_" + v1alpha1.Kind
+	doc := map[string]any{
+		"openapi": "3.0.3",
+		"info": map[string]any{
+			"title":       v1alpha1.Kind + " " + v1alpha1.APIVersion,
+			"description": "Generated from the CUE schema (autoconfig crd --openapi): the schema the CRD gives the API server.",
+			"version":     r.CRD.Spec.Versions[0].Name,
+		},
+		"paths": map[string]any{},
+		"components": map[string]any{
+			"schemas": map[string]any{name: r.CRD.Spec.Versions[0].Schema.OpenAPIV3Schema},
+		},
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}

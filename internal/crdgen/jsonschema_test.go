@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"k8s.io/kube-openapi/pkg/spec3"
 
 	"github.com/modelsphere/autoconfig/internal/crdgen"
 )
@@ -106,6 +108,44 @@ func TestJSONSchemaAcceptsWhatCUEAccepts(t *testing.T) {
 		mutate(m)
 		if err := s.Validate(asJSONValue(t, m)); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestOpenAPIExport: the committed OpenAPI document is the generated one,
+// it parses as OpenAPI 3 (kube-openapi's spec3, what the API server
+// serves), and its one schema is the CRD's.
+func TestOpenAPIExport(t *testing.T) {
+	b, err := crdgen.OpenAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "schemas", crdgen.OpenAPIFile))
+	if err != nil || !bytes.Equal(committed, b) {
+		t.Fatalf("deploy/schemas/%s is not the generated document (run make generate): %v", crdgen.OpenAPIFile, err)
+	}
+	var doc spec3.OpenAPI
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("not OpenAPI 3: %v", err)
+	}
+	if doc.Version != "3.0.3" || doc.Components == nil || len(doc.Components.Schemas) != 1 {
+		t.Fatalf("openapi %q, components %+v", doc.Version, doc.Components)
+	}
+	r, err := crdgen.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := json.Marshal(r.CRD.Spec.Versions[0].Schema.OpenAPIV3Schema)
+	for name, s := range doc.Components.Schemas {
+		got, _ := json.Marshal(s)
+		var a, b any
+		_ = json.Unmarshal(got, &a)
+		_ = json.Unmarshal(want, &b)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("schema %s differs from the CRD's", name)
+		}
+		if s.Properties["spec"].Properties["nginx"].Properties["peers"].Type[0] != "array" {
+			t.Errorf("schema %s: spec.nginx.peers is not an array", name)
 		}
 	}
 }
