@@ -51,6 +51,16 @@ var (
 	}, []string{"namespace", "route"})
 )
 
+// writeConflicts reads the sink's count of refused compare-and-swap
+// patches (another writer changed the ConfigMap first; retried on a fresh
+// read). Set by SetupWithManager.
+var writeConflicts = func() float64 { return 0 }
+
+var writeConflictsCounter = prometheus.NewCounterFunc(prometheus.CounterOpts{
+	Name: "autoconfig_configmap_write_conflicts_total",
+	Help: "Output patches refused because the ConfigMap changed since it was read (a failed per-key test or a 409); each is retried on a fresh read. A steady rate means another writer keeps changing the same ConfigMap.",
+}, func() float64 { return writeConflicts() })
+
 // routeSeries are the per-route metric vectors, deleted with the route.
 var routeSeries = []*prometheus.GaugeVec{routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys}
 
@@ -62,5 +72,5 @@ func forgetRouteSeries(ns, name string) {
 
 func init() {
 	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge, changeToWrite,
-		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys)
+		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys, writeConflictsCounter)
 }

@@ -80,6 +80,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	}
 	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
 	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
+	w := r.writer
+	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}

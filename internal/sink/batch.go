@@ -192,6 +192,7 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			return true, nil
 		case apierrors.IsConflict(err) || patchNotApplicable(err):
 			// Our content was behind: read the truth and decide again.
+			w.Conflicts.Add(1)
 			cw.supersede(cm.ResourceVersion)
 			fresh, lastErr = true, err
 			return false, nil

@@ -178,6 +178,38 @@ func TestBatchStaleReadIsRedone(t *testing.T) {
 	}
 }
 
+// TestConflictIsCounted: a patch based on content another writer has
+// changed since (the cache not showing it yet) fails its per-key test, is
+// counted (autoconfig_configmap_write_conflicts_total) and redone on a
+// fresh read.
+func TestConflictIsCounted(t *testing.T) {
+	ns := setup(t, map[string]string{"a.conf": "1"}, nil)
+	lc := &laggingCache{Client: k8s}
+	w := &Writer{Client: lc, APIReader: k8s, Window: 10 * time.Millisecond}
+	plus := []compiler.Output{{ConfigMap: ns + "/cm", Key: "a.conf", Render: func(in []byte) ([]byte, error) { return append(in, '+'), nil }}}
+	if res, err := w.Apply(context.Background(), ns, plus, nil); err != nil || res[0].State != Written {
+		t.Fatalf("%v %v", res, err)
+	}
+	ours := get(t, ns)
+	lc.mu.Lock()
+	lc.lag = ours // the cache stays at our own write
+	lc.mu.Unlock()
+	other := get(t, ns)
+	other.Data["a.conf"] = "2"
+	if err := k8s.Update(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := w.Apply(context.Background(), ns, plus, nil); err != nil || res[0].State != Written {
+		t.Fatalf("%v %v", res, err)
+	}
+	if got := get(t, ns).Data["a.conf"]; got != "2+" {
+		t.Fatalf("a.conf = %q, want 2+", got)
+	}
+	if n := w.Conflicts.Load(); n != 1 {
+		t.Errorf("Conflicts = %d, want 1", n)
+	}
+}
+
 // laggingCache serves the ConfigMap as it was when lag was set, like an
 // informer cache that has not delivered the latest events yet.
 type laggingCache struct {

@@ -150,6 +150,10 @@ type Writer struct {
 	Window time.Duration
 	// Batches counts the batched flushes (tests, metrics).
 	Batches atomic.Int64
+	// Conflicts counts the patches refused because the ConfigMap had
+	// changed since it was read (a failed test or a 409): each is
+	// retried on a fresh read.
+	Conflicts atomic.Int64
 
 	mu  sync.Mutex
 	cms map[string]*cmWriter
@@ -329,6 +333,7 @@ func (w *Writer) updateLocked(ctx context.Context, ref string, cw *cmWriter, rou
 		case patchErr == nil:
 			return true, nil
 		case apierrors.IsConflict(patchErr) || patchNotApplicable(patchErr):
+			w.Conflicts.Add(1)
 			fresh = true // read the truth and redo
 			return false, nil
 		case apierrors.IsInvalid(patchErr):
