@@ -10,6 +10,13 @@ export KUBEBUILDER_ASSETS ?= $(ENVTEST_DIR)
 # reconcile workers). internal/archtest fails when one is missing.
 RACE_PKGS   := ./schema/... ./compiler/... ./cmd/... ./internal/... ./hack/...
 CRD_FILE    := deploy/crds/routing.modelsphere.dev_modelroutes.yaml
+# Build stamp of every binary (--version, the "build" log line, the
+# autoconfig_build_info metric). The date is the commit's, so a build of
+# one commit is reproducible.
+VERSION     ?= $(shell sed -n 's/^var Version = "\(.*\)"$$/\1/p' internal/cli/cli.go)
+COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
 .PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz
 
@@ -19,8 +26,8 @@ FUZZTIME      ?= 10m
 
 all: build
 
-build: ## build every binary into bin/
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
+build: ## build every binary into bin/, stamped with version, commit and build date
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 deps: ## install Debian packages the tests need (nginx + lua)
 	bash hack/install-deps.sh

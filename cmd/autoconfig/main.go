@@ -43,7 +43,7 @@ func rootCommand() *cli.Command {
 				Use:   "version",
 				Short: "print the version",
 				Run: func(_ context.Context, c *cli.Call) error {
-					_, err := fmt.Fprintf(c.Stdout, "autoconfig %s\n", cli.Version)
+					_, err := fmt.Fprintf(c.Stdout, "autoconfig %s\n", cli.VersionString())
 					return err
 				},
 			},

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/modelsphere/autoconfig/internal/charttest"
@@ -47,6 +48,9 @@ func TestChartMetricsServed(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), `autoconfig_build_info{binary="hagate"`) {
+		t.Errorf("a scrape of hagate lacks autoconfig_build_info")
 	}
 	if missing := charttest.MissingFromScrape(mine, string(body)); len(missing) > 0 {
 		t.Errorf("the chart reads %v, which a scrape of hagate lacks:\n%s", missing, body)

@@ -52,6 +52,9 @@ func TestDemo(t *testing.T) {
 			if missing := charttest.MissingFromScrape(mine, body); len(missing) > 0 {
 				t.Errorf("the chart's rules or dashboard read %v, which a scrape of %s (%s) lacks", missing, bin, url)
 			}
+			if !strings.Contains(body, `autoconfig_build_info{binary="`+bin+`"`) {
+				t.Errorf("a scrape of %s lacks autoconfig_build_info{binary=%q}", bin, bin)
+			}
 			scraped[bin] = len(mine) > 0
 		}
 		return nil

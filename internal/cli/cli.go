@@ -141,13 +141,22 @@ func Execute(c *Command, args []string, pio IO) int {
 	return 1
 }
 
+// versionOf is what --version prints for a root command's Version: the
+// stamped VersionString when it is this build's version.
+func versionOf(v string) string {
+	if v == Version {
+		return VersionString()
+	}
+	return v
+}
+
 // cobra builds the cobra command of c and its subcommands.
 func (c *Command) cobra() *cobra.Command {
 	cc := &cobra.Command{
 		Use:                   c.Use,
 		Short:                 c.Short,
 		Long:                  c.Long,
-		Version:               c.Version,
+		Version:               versionOf(c.Version),
 		SilenceErrors:         true,
 		SilenceUsage:          true,
 		DisableFlagsInUseLine: true,
@@ -209,6 +218,8 @@ func (c *Command) cobra() *cobra.Command {
 		call := &Call{Args: args, Stdin: pio.Stdin, Stdout: pio.Stdout, Stderr: pio.Stderr}
 		if c.Log {
 			call.Log = logOpts.Logger(pio.Stderr)
+			// Every long-running binary's first line: which build runs.
+			call.Log.Info("build", VersionAttrs()...)
 		} else {
 			call.Log = slog.New(slog.NewTextHandler(pio.Stderr, nil))
 		}

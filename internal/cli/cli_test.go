@@ -133,3 +133,21 @@ func TestSubcommands(t *testing.T) {
 		t.Fatalf("__complete: exit %d, stdout %q", code, out)
 	}
 }
+
+func TestVersionStamp(t *testing.T) {
+	c, d := Commit, BuildDate
+	defer func() { Commit, BuildDate = c, d }()
+	Commit, BuildDate = "", ""
+	if s := VersionString(); !strings.Contains(s, "unstamped build") || !strings.HasPrefix(s, Version+" ") {
+		t.Errorf("unstamped: %q", s)
+	}
+	Commit, BuildDate = "1a2b3c4", "2026-12-02T08:00:00Z"
+	if s := VersionString(); s != Version+" (commit 1a2b3c4, built 2026-12-02T08:00:00Z)" {
+		t.Errorf("stamped: %q", s)
+	}
+	// A long-running command's first log line names the build.
+	_, _, _, errb := execute(t, nil, nil, "--name=x")
+	if !strings.Contains(errb, "msg=build version="+Version+" commit=1a2b3c4 buildDate=2026-12-02T08:00:00Z") {
+		t.Errorf("no build line in %q", errb)
+	}
+}

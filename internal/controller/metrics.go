@@ -3,6 +3,8 @@ package controller
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/modelsphere/autoconfig/internal/buildinfo"
 )
 
 // Metrics live in controller-runtime's registry (not the global default
@@ -72,5 +74,5 @@ func forgetRouteSeries(ns, name string) {
 
 func init() {
 	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge, changeToWrite,
-		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys, writeConflictsCounter)
+		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys, writeConflictsCounter, buildinfo.Collector("autoconfig"))
 }

@@ -3,6 +3,8 @@ package hagate
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/modelsphere/autoconfig/internal/buildinfo"
 )
 
 // MetricsPrefix is prepended to every hagate metric.
@@ -66,6 +68,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // process collectors.
 func NewRegistry() (*prometheus.Registry, *Metrics) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector("hagate"))
 	return reg, NewMetrics(reg)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/modelsphere/autoconfig/internal/buildinfo"
 	"github.com/modelsphere/autoconfig/internal/readiness"
 )
 
@@ -24,7 +25,7 @@ type metrics struct {
 // plus the Go and process collectors.
 func newRegistry(d *readiness.Detector) (*prometheus.Registry, *metrics) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector("readyz"))
 	r := prometheus.WrapRegistererWithPrefix(metricsPrefix, reg)
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{

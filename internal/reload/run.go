@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/modelsphere/autoconfig/internal/buildinfo"
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/kubeclient"
 )
@@ -52,7 +53,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector("reload"))
 	m := NewMetrics(reg)
 
 	dirs := append([]string(nil), o.WatchDirs...)
