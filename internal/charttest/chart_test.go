@@ -238,8 +238,56 @@ func TestDefaultRender(t *testing.T) {
 	if drop, _, _ := unstructured.NestedStringSlice(c, "securityContext", "capabilities", "drop"); !slices.Equal(drop, []string{"ALL"}) {
 		t.Errorf("capabilities.drop = %v", drop)
 	}
-	if r, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas"); r != 1 {
-		t.Errorf("replicas = %d", r)
+	// Two leader-elected replicas by default, kept through node drains by
+	// a PodDisruptionBudget that selects exactly the controller's pods.
+	if r, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas"); r != 2 {
+		t.Errorf("replicas = %d, want 2", r)
+	}
+	pdb := rel.Find("PodDisruptionBudget", dep.GetNamespace(), dep.GetName())
+	if pdb == nil {
+		t.Fatalf("no PodDisruptionBudget; got %v", rel.Kinds())
+	}
+	sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels")
+	podLabels, _, _ := unstructured.NestedStringMap(dep.Object, "spec", "template", "metadata", "labels")
+	for k, v := range sel {
+		if podLabels[k] != v {
+			t.Errorf("the PDB selects %s=%s, which the controller's pods do not carry (%v)", k, v, podLabels)
+		}
+	}
+	if m, _, _ := unstructured.NestedInt64(pdb.Object, "spec", "minAvailable"); m != 1 || len(sel) == 0 {
+		t.Errorf("PDB minAvailable %d, selector %v", m, sel)
+	}
+	if one := render(t, "ac", "autoconfig-system", map[string]any{"replicaCount": 1}); one.Find("PodDisruptionBudget", "autoconfig-system", "ac-autoconfig") != nil {
+		t.Error("a single replica gets a PodDisruptionBudget (it would block every node drain)")
+	}
+}
+
+// TestValuesSchemaRejectsMistakes: values.schema.json refuses wrong types
+// and misspelled keys at install time, naming the value, instead of a
+// silent render or a template error.
+func TestValuesSchemaRejectsMistakes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   string
+	}{
+		{"replicaCount=two", map[string]any{"replicaCount": "two"}, "replicaCount"},
+		{"misspelled serviceMonitor.enable", map[string]any{"metrics": map[string]any{"serviceMonitor": map[string]any{"enable": true}}}, "enable"},
+		{"watchNamespaces=llm (not a list)", map[string]any{"watchNamespaces": "llm"}, "watchNamespaces"},
+		{"logLevel=verbose", map[string]any{"logLevel": "verbose"}, "logLevel"},
+		{"unknown top-level key", map[string]any{"replicas": 3}, "replicas"},
+		{"route without spec", map[string]any{"modelRoutes": []any{map[string]any{"name": "qwen"}}}, "spec"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Render(Path(root), "ac", "autoconfig-system", tc.values)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("render: %v; want an error naming %q", err, tc.want)
+			}
+			t.Log(err)
+		})
+	}
+	if _, err := Render(Path(root), "ac", "autoconfig-system", map[string]any{"watchNamespaces": []any{"llm", "llm-route"}, "replicaCount": 3}); err != nil {
+		t.Errorf("valid values refused: %v", err)
 	}
 }
 
