@@ -62,11 +62,8 @@ func (o *clusterOptions) client() (client.Client, string, error) {
 			ns = "default"
 		}
 	}
-	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, "", err
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	scheme, err := routeScheme()
+	if err != nil {
 		return nil, "", err
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -74,6 +71,18 @@ func (o *clusterOptions) client() (client.Client, string, error) {
 		return nil, "", fmt.Errorf("client: %w", err)
 	}
 	return c, ns, nil
+}
+
+// routeScheme is client-go's kinds plus the ModelRoute.
+func routeScheme() (*k8sruntime.Scheme, error) {
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	return scheme, nil
 }
 
 // routes resolves the command's routes: -f files (validated, with their

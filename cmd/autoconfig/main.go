@@ -3,6 +3,7 @@
 //	autoconfig vet FILE|DIR|- ...        validate ModelRoute YAML
 //	autoconfig compile -f ROUTE ...      render a route's outputs from files
 //	autoconfig diff [NAME ...]           diff what the controller would write
+//	autoconfig delete-routes -l SELECTOR delete routes, wait for their cleanup
 //	autoconfig controller [flags]        run the in-cluster reconciler
 //	autoconfig crd                       print the generated CRD
 //	autoconfig version                   print the version
@@ -37,6 +38,7 @@ func rootCommand() *cli.Command {
 			compileCommand(),
 			controllerCommand(),
 			crdCommand(),
+			deleteRoutesCommand(),
 			diffCommand(),
 			vetCommand(),
 			{

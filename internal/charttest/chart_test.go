@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/internal/testenv"
@@ -26,6 +27,7 @@ import (
 
 var (
 	root    string
+	testEnv *envtest.Environment
 	testCfg *rest.Config
 	k8s     client.Client
 )
@@ -39,13 +41,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	_, cfg, stop, err := testenv.StartForMain()
+	env, cfg, stop, err := testenv.StartForMain()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "charttest:", err)
 		return 1
 	}
 	defer stop()
-	testCfg = cfg
+	testEnv, testCfg = env, cfg
 	if k8s, err = client.New(cfg, client.Options{Scheme: scheme.Scheme}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
