@@ -23,8 +23,10 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -116,6 +118,8 @@ func TestHelmUninstallDeletesRoutesFirst(t *testing.T) {
 	mgr, err := ctrl.NewManager(ccfg, ctrl.Options{
 		Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Cache: controller.CacheOptions(nil),
+		// TestReconcileAsServiceAccount runs one in this process too.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	must(t, err)
 	v, err := schema.Default()

@@ -84,11 +84,10 @@ func Generate() (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	status, err := w.value(mr.LookupPath(cue.MakePath(cue.Str("status").Optional())), "status")
+	status, err := statusSchema()
 	if err != nil {
 		return nil, err
 	}
-	status.Description = "What the controller observed: discovered backends, CART peers, conditions, observed generation."
 	top := apiextv1.JSONSchemaProps{
 		Type:        "object",
 		Description: "ModelRoute says how one model is routed: how its backends are discovered, the openresty route, the optional CART layer and monitoring lines.",

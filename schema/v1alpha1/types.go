@@ -68,7 +68,9 @@ type Status struct {
 	Backends int32 `json:"backends"`
 	// CartPeers is the number of CART endpoints discovered.
 	CartPeers int32 `json:"cartPeers"`
-	// Conditions: Ready, Reconciling, Stalled.
+	// Conditions: Ready (the outputs hold the current render), Applied
+	// (every consumer pod serves it), Reconciling, Stalled, Degraded
+	// (docs/controller.md has each reason and what to do).
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 	// Outputs lists the ConfigMap keys the route has written and not yet
 	// removed, so keys it stops rendering (a changed nginx.route, a moved
