@@ -18,7 +18,7 @@ COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown
 BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz
+.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -39,6 +39,7 @@ generate: ## regenerate every generated file
 	$(GO) tool deepcopy-gen --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go ./schema/routespec ./schema/v1alpha1
 	$(GO) run ./cmd/autoconfig crd > $(CRD_FILE).tmp && mv $(CRD_FILE).tmp $(CRD_FILE)
 	@if [ -d deploy/helm/autoconfig/crds ]; then cp $(CRD_FILE) deploy/helm/autoconfig/crds/; fi
+	$(GO) run ./hack/kustomize -out deploy/kustomize
 	$(GO) run ./cmd/autoconfig crd --reference > docs/reference.md
 	mkdir -p deploy/schemas && $(GO) run ./cmd/autoconfig crd --json-schema > deploy/schemas/modelroute-v1alpha1.schema.json
 	$(GO) run ./cmd/autoconfig crd --openapi > deploy/schemas/modelroute-v1alpha1.openapi.json
@@ -79,6 +80,19 @@ demo: deps envtest ## the whole loop on a laptop: control plane, controller, rou
 .PHONY: bench-scale
 bench-scale: envtest ## scale benchmark, not part of make test (8-30 min): 10k pods, routes x ConfigMaps matrix, the real controller on a real API server; docs/performance.md; extra flags in BENCH_SCALE_FLAGS
 	$(GO) run ./hack/scale $(BENCH_SCALE_FLAGS)
+
+install: ## install the ModelRoute CRD (kustomize: deploy/kustomize/crd)
+	kubectl apply --server-side -k deploy/kustomize/crd
+
+uninstall: ## delete the ModelRoute CRD, and with it every ModelRoute (make undeploy first)
+	kubectl delete -k deploy/kustomize/crd --ignore-not-found
+
+deploy: ## install the controller with kustomize: CRD, RBAC and Deployment in autoconfig-system
+	kubectl apply --server-side -k deploy/kustomize/default
+
+undeploy: ## remove what make deploy installed; the routes first, while the controller still cleans them up
+	-kubectl delete modelroutes.routing.modelsphere.dev --all --all-namespaces --wait --timeout=4m
+	kubectl delete -k deploy/kustomize/default --ignore-not-found
 
 clean:
 	rm -rf $(BIN)
