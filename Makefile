@@ -16,9 +16,10 @@ CRD_FILE    := deploy/crds/routing.modelsphere.dev_modelroutes.yaml
 VERSION     ?= $(shell sed -n 's/^var Version = "\(.*\)"$$/\1/p' internal/cli/cli.go)
 COMMIT      ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)
+IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy
+.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -66,7 +67,7 @@ race:
 bench-applied:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkEndpointChangeToServed -benchtime 20x ./cmd/reload
 
-test: deps envtest verify vet unit race bench-applied ## everything CI runs
+test: deps envtest verify vet unit race bench-applied images ## everything CI runs
 
 property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
 	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler
@@ -80,6 +81,9 @@ demo: deps envtest ## the whole loop on a laptop: control plane, controller, rou
 .PHONY: bench-scale
 bench-scale: envtest ## scale benchmark, not part of make test (8-30 min): 10k pods, routes x ConfigMaps matrix, the real controller on a real API server; docs/performance.md; extra flags in BENCH_SCALE_FLAGS
 	$(GO) run ./hack/scale $(BENCH_SCALE_FLAGS)
+
+images: ## build the OCI images of the four binaries (linux/amd64, linux/arm64) into $(IMAGES_DIR); no container engine needed
+	$(GO) run ./hack/images -out $(IMAGES_DIR) -version $(VERSION) -commit $(COMMIT) -date $(BUILD_DATE) -go $(GO)
 
 install: ## install the ModelRoute CRD (kustomize: deploy/kustomize/crd)
 	kubectl apply --server-side -k deploy/kustomize/crd
