@@ -129,7 +129,9 @@ func (g statusGen) expr(e ast.Expr, path string) (apiextv1.JSONSchemaProps, erro
 
 // conditionSchema is metav1.Condition's schema, as Kubernetes documents it.
 func conditionSchema() apiextv1.JSONSchemaProps {
-	str := func(d string) apiextv1.JSONSchemaProps { return apiextv1.JSONSchemaProps{Type: "string", Description: d} }
+	str := func(d string) apiextv1.JSONSchemaProps {
+		return apiextv1.JSONSchemaProps{Type: "string", Description: d}
+	}
 	return apiextv1.JSONSchemaProps{
 		Type:        "object",
 		Description: "One aspect of the route's state (Ready, Reconciling, Stalled, Degraded, Applied).",
