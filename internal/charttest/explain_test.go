@@ -11,6 +11,7 @@ import (
 )
 
 // TestStatusIsExplained: the API server publishes the ModelRoute's status
+// (and the spec's enums and defaults)
 // fields with types and descriptions (what `kubectl explain
 // modelroute.status.conditions` prints), not an opaque object.
 func TestStatusIsExplained(t *testing.T) {
@@ -39,11 +40,26 @@ func TestStatusIsExplained(t *testing.T) {
 		} `json:"components"`
 	}
 	must(t, json.Unmarshal(b, &doc))
-	var status json.RawMessage
+	var status, spec json.RawMessage
 	for name, s := range doc.Components.Schemas {
 		if strings.HasSuffix(name, ".ModelRoute") {
-			status = s.Properties["status"]
+			status, spec = s.Properties["status"], s.Properties["spec"]
 		}
+	}
+	// Enums and constant defaults of the CUE schema are in the OpenAPI
+	// schema too (kubectl explain lists them), not only in CEL rules.
+	var sp struct {
+		Properties map[string]struct {
+			Enum    []any `json:"enum"`
+			Default any   `json:"default"`
+		} `json:"properties"`
+	}
+	must(t, json.Unmarshal(spec, &sp))
+	if mt := sp.Properties["modelType"]; len(mt.Enum) != 2 || mt.Default != "llm" {
+		t.Errorf("spec.modelType: enum %v, default %v; want [llm video] and llm", mt.Enum, mt.Default)
+	}
+	if fm := sp.Properties["failureMode"]; len(fm.Enum) != 2 {
+		t.Errorf("spec.failureMode: enum %v", fm.Enum)
 	}
 	var st struct {
 		Description string `json:"description"`

@@ -426,8 +426,9 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 			for i, e := range p.Enum {
 				vals[i] = string(e.Raw)
 			}
+			// The enum stays in the schema too (kubectl explain lists
+			// the values); the rule adds CUE's words to the API server's.
 			conds = append(conds, fmt.Sprintf("self in [%s]", strings.Join(vals, ", ")))
-			p.Enum = nil
 		}
 		if len(conds) > 0 {
 			p.XValidations = append(p.XValidations, apiextv1.ValidationRule{Rule: strings.Join(conds, " && "), Message: s.messages[0]})
@@ -436,7 +437,14 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 	if d, ok := v.Default(); ok && d.IsConcrete() {
 		var x any
 		if err := d.Decode(&x); err == nil {
-			p.Description = strings.TrimSpace(fmt.Sprintf("%s Default: %v (applied by the controller from the CUE schema).", p.Description, x))
+			// The API server fills the same default CUE gives (kubectl
+			// explain shows it; the stored object says what applies).
+			raw, err := jsonValue(x)
+			if err != nil {
+				return p, fmt.Errorf("%s: default: %w", path, err)
+			}
+			p.Default = &raw
+			p.Description = strings.TrimSpace(fmt.Sprintf("%s Default: %v.", p.Description, x))
 		}
 	}
 	return p, nil

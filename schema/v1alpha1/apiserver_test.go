@@ -60,6 +60,14 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := mr.Spec.DeepCopy()
+	// The CRD's defaults, which the API server fills: the constant ones
+	// of the CUE schema (modelType, cart.maxLoad, includeNotReady).
+	if want.ModelType == "" {
+		want.ModelType = "llm"
+	}
+	if want.Cart != nil && want.Cart.MaxLoad == 0 {
+		want.Cart.MaxLoad = 20
+	}
 	if err := c.Create(ctx, &mr); err != nil {
 		t.Fatalf("create sample: %v", err)
 	}
