@@ -14,13 +14,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -63,18 +59,7 @@ func TestHelmUninstallDeletesRoutesFirst(t *testing.T) {
 	for _, n := range []string{ns, routes} {
 		must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}))
 	}
-	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-conf"}}))
-	must(t, k8s.Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "wan"},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
-	}))
-	ready, port, pname := true, int32(8000), "http"
-	must(t, k8s.Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: routes, Name: "wan-1", Labels: map[string]string{discoveryv1.LabelServiceName: "wan"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port}},
-	}))
+	createConsumerAndBackend(ctx, t, routes, routes, "10.1.0.9")
 
 	// Helm talks to the API server as an administrator, as a user would.
 	kubeconfig := userKubeconfig(t, "helm-admin", []string{"system:masters"}, "")
@@ -105,11 +90,8 @@ func TestHelmUninstallDeletesRoutesFirst(t *testing.T) {
 	}
 
 	// The controller, under the chart's ServiceAccount.
-	sch := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(sch))
-	must(t, v1alpha1.AddToScheme(sch))
-	admin, err := client.New(testCfg, client.Options{Scheme: sch})
-	must(t, err)
+	sch := routeScheme(t)
+	admin := admin(t)
 	ccfg := rest.CopyConfig(testCfg)
 	ccfg.Impersonate = rest.ImpersonationConfig{
 		UserName: "system:serviceaccount:" + ns + ":" + release + "-autoconfig",

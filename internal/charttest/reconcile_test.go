@@ -11,11 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -58,25 +57,9 @@ func TestReconcileAsServiceAccount(t *testing.T) {
 		}
 	}
 
-	// What the consumers' charts and the model's Deployment would create.
-	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-conf"}}))
-	must(t, k8s.Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "wan"},
-		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
-	}))
-	ready, port, name := true, int32(8000), "http"
-	must(t, k8s.Create(ctx, &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: backends, Name: "wan-1", Labels: map[string]string{discoveryv1.LabelServiceName: "wan"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.7"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
-	}))
-
-	sch := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(sch))
-	must(t, v1alpha1.AddToScheme(sch))
-	admin, err := client.New(testCfg, client.Options{Scheme: sch})
-	must(t, err)
+	createConsumerAndBackend(ctx, t, routes, backends, "10.1.0.7")
+	sch := routeScheme(t)
+	admin := admin(t)
 	cfg := rest.CopyConfig(testCfg)
 	sa := release + "-autoconfig"
 	cfg.Impersonate = rest.ImpersonationConfig{
@@ -179,7 +162,7 @@ spec:
 	// Scale out: a second backend appears in the EndpointSlice.
 	slice := &discoveryv1.EndpointSlice{}
 	must(t, admin.Get(ctx, client.ObjectKey{Namespace: backends, Name: "wan-1"}, slice))
-	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.1.0.8"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.1.0.8"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
 	must(t, admin.Update(ctx, slice))
 	waitFor("the scaled-out backend in the route file", func() bool {
 		return strings.Contains(routeConf("session_route_wan.conf"), "server 10.1.0.8:8000 ")
@@ -296,4 +279,23 @@ func readySelPod(ctx context.Context, t *testing.T, ns string) {
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.0.9", PodIPs: []corev1.PodIP{{IP: "10.1.0.9"}},
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
 	must(t, k8s.Status().Update(ctx, pod))
+}
+
+// createConsumerAndBackend creates what the consumers' charts and the
+// model's Deployment would: the ConfigMap openresty-conf in cmNS, and the
+// Service wan (port 8000) in svcNS with one ready endpoint ip.
+func createConsumerAndBackend(ctx context.Context, t *testing.T, cmNS, svcNS, ip string) {
+	t.Helper()
+	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: cmNS, Name: "openresty-conf"}}))
+	must(t, k8s.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: svcNS, Name: "wan"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
+	}))
+	ready, port, name := true, int32(8000), "http"
+	must(t, k8s.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: svcNS, Name: "wan-1", Labels: map[string]string{discoveryv1.LabelServiceName: "wan"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
+	}))
 }

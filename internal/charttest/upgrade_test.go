@@ -101,14 +101,20 @@ func TestCRDUpgradeFrom010(t *testing.T) {
 	must(t, c.Delete(ctx, &rt))
 }
 
-// admin is a client with the ModelRoute and CRD kinds.
-func admin(t *testing.T) client.Client {
+// routeScheme has client-go's kinds, the ModelRoute and the CRD.
+func routeScheme(t *testing.T) *k8sruntime.Scheme {
 	t.Helper()
 	sch := k8sruntime.NewScheme()
 	must(t, clientgoscheme.AddToScheme(sch))
 	must(t, v1alpha1.AddToScheme(sch))
 	must(t, apiextv1.AddToScheme(sch))
-	c, err := client.New(testCfg, client.Options{Scheme: sch})
+	return sch
+}
+
+// admin is an administrator's client with routeScheme.
+func admin(t *testing.T) client.Client {
+	t.Helper()
+	c, err := client.New(testCfg, client.Options{Scheme: routeScheme(t)})
 	must(t, err)
 	return c
 }
