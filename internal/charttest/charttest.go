@@ -200,14 +200,23 @@ func MetricOwner(name string) string {
 	return "autoconfig"
 }
 
-// MissingFromScrape returns the names (of MetricsRead) that the
-// Prometheus text exposition body lacks: no "# TYPE name" line.
-func MissingFromScrape(names []string, body string) []string {
-	var out []string
-	for _, n := range names {
-		if !strings.Contains(body, "\n# TYPE "+n+" ") && !strings.HasPrefix(body, "# TYPE "+n+" ") {
-			out = append(out, n)
+// ScrapeLacks checks a Prometheus text exposition body scraped from
+// binary against the names the chart reads (MetricsRead): it returns how
+// many of them binary serves (MetricOwner) and those the body lacks (no
+// "# TYPE name" line), plus autoconfig_build_info{binary=...} when that
+// series is missing.
+func ScrapeLacks(read []string, binary, body string) (owned int, missing []string) {
+	for _, n := range read {
+		if MetricOwner(n) != binary {
+			continue
+		}
+		owned++
+		if !strings.Contains("\n"+body, "\n# TYPE "+n+" ") {
+			missing = append(missing, n)
 		}
 	}
-	return out
+	if info := `autoconfig_build_info{binary="` + binary + `"`; !strings.Contains(body, info) {
+		missing = append(missing, info+"}")
+	}
+	return owned, missing
 }
