@@ -19,7 +19,7 @@ BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-
 IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
+.PHONY: all build test cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -67,7 +67,14 @@ race:
 bench-applied:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkEndpointChangeToServed -benchtime 20x ./cmd/reload
 
-test: deps envtest verify vet unit race bench-applied images ## everything CI runs
+# The cluster testscripts three times in each order, in parallel: every
+# script owns its API server, and the harness fails a script whose cluster
+# holds anything it did not create (cmd/autoconfig/cluster_script_test.go).
+cluster-scripts:
+	AUTOCONFIG_SCRIPT_ORDER=name $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
+	AUTOCONFIG_SCRIPT_ORDER=reverse $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
+
+test: deps envtest verify vet unit race cluster-scripts bench-applied images ## everything CI runs
 
 property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
 	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler
