@@ -43,6 +43,13 @@ func TestServedReportOnlyByThePodItself(t *testing.T) {
 			t.Fatalf("the chart renders no %s; got %v", kind, rel.Kinds())
 		}
 		must(t, k8s.Create(ctx, o.DeepCopy()))
+		// The policy is cluster-wide: it must not judge the pod writes
+		// of the tests that run after this one.
+		t.Cleanup(func() {
+			if err := k8s.Delete(context.Background(), o.DeepCopy()); err != nil {
+				t.Errorf("delete %s: %v", kind, err)
+			}
+		})
 	}
 
 	must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: app}}))

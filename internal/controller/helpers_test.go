@@ -210,6 +210,12 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 			}
 		})
 	}
+	// A test that fails before its own stop must not leave its manager
+	// running into the next tests (reconciles() counts every manager's
+	// reconciles in this process).
+	if _, ok := t.(*testing.T); ok {
+		t.Cleanup(h.stop)
+	}
 	return h
 }
 
