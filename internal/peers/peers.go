@@ -1,0 +1,176 @@
+// Package peers is the format of a route's peers table: the part of a
+// route's output that changes with its endpoints, written apart from the
+// nginx configuration when the consumer declares that its engine takes
+// peers dynamically. The compiler writes it (one ConfigMap key per route),
+// the reload sidecar pushes it into the running engine, the reference
+// engine (deploy/openresty/lua/router.lua) reads it, and the sidecar's
+// served report names the version the engine accepted. docs/lua-contract.md
+// ("Dynamic peers") is the contract.
+//
+// It imports nothing of Kubernetes, CUE or the compiler: the sidecar uses it.
+package peers
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Format is the table format this release writes and reads. A later format
+// (weighted splits between model versions, say) gets the next number; a
+// reader refuses a format it does not know rather than guess.
+const Format = 1
+
+// Annotation on the consumer's routes ConfigMap declares that its engine
+// takes peers dynamically ("true"): only then does the controller render
+// the peers apart from the nginx configuration.
+const Annotation = "routing.modelsphere.dev/dynamic-peers"
+
+// ControlSocket is the file name of the engine's control endpoint in the
+// per-route socket directory. The '@' keeps the dispatch server (whose
+// route pattern is [A-Za-z0-9._-]+) from ever proxying to it.
+const ControlSocket = "autoconfig@control.sock"
+
+// SerialHeader carries a push's serial: the engine refuses a push older
+// than the one it holds.
+const SerialHeader = "X-Autoconfig-Serial"
+
+const (
+	keyPrefix = "peers_"
+	keySuffix = ".json"
+)
+
+// Key is the ConfigMap key of a route's table: peers_<route>.json.
+func Key(route string) string { return keyPrefix + route + keySuffix }
+
+// RouteOfKey is the route of a table key, ok false for any other key.
+func RouteOfKey(key string) (route string, ok bool) {
+	if !strings.HasPrefix(key, keyPrefix) || !strings.HasSuffix(key, keySuffix) || len(key) <= len(keyPrefix)+len(keySuffix) {
+		return "", false
+	}
+	return key[len(keyPrefix) : len(key)-len(keySuffix)], true
+}
+
+// IsKey reports whether key names a peers table.
+func IsKey(key string) bool {
+	_, ok := RouteOfKey(key)
+	return ok
+}
+
+// Table is one route's peers.
+type Table struct {
+	// Format is the table format (Format).
+	Format int `json:"format"`
+	// Route is the route name (spec.nginx.route).
+	Route string `json:"route"`
+	// Version identifies Tiers: the first 16 hex digits of the SHA-256 of
+	// their JSON. Two tables with one version pick from the same peers.
+	Version string `json:"version"`
+	// Tiers are the route's peer tiers, highest priority first.
+	Tiers []Tier `json:"tiers"`
+}
+
+// Tier is one peer group, as the route file's register_route tiers.
+type Tier struct {
+	// Use is cart, backend or backend-svc.
+	Use string `json:"use"`
+	// Priority: a lower tier serves only when every peer of the higher
+	// tiers is out of the pick.
+	Priority int32 `json:"priority"`
+	// MaxConcurrency is the per-peer limit; 0 = none.
+	MaxConcurrency int64 `json:"max_concurrency,omitempty"`
+	// ProbePath is the health probe path; "" = none.
+	ProbePath string `json:"probe_path,omitempty"`
+	// Peers are the tier's addresses.
+	Peers []Peer `json:"peers"`
+}
+
+// Peer is one address: a bare IP (IPv6 without brackets) and a port.
+type Peer struct {
+	Host string `json:"host"`
+	Port int32  `json:"port"`
+}
+
+// Peers is the number of peers over all tiers.
+func (t Table) Peers() int {
+	n := 0
+	for _, tr := range t.Tiers {
+		n += len(tr.Peers)
+	}
+	return n
+}
+
+// version is the Version of tiers.
+func version(tiers []Tier) (string, error) {
+	b, err := json.Marshal(tiers)
+	if err != nil {
+		return "", err
+	}
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:8]), nil
+}
+
+// Encode is the table's file content: Format and Version set, JSON on one
+// line with a trailing newline. Same tiers, same bytes.
+func (t Table) Encode() ([]byte, error) {
+	if t.Route == "" {
+		return nil, errors.New("peers table: empty route")
+	}
+	if t.Tiers == nil {
+		t.Tiers = []Tier{}
+	}
+	for i := range t.Tiers {
+		if t.Tiers[i].Peers == nil {
+			t.Tiers[i].Peers = []Peer{}
+		}
+	}
+	v, err := version(t.Tiers)
+	if err != nil {
+		return nil, err
+	}
+	t.Format, t.Version = Format, v
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(t); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Parse reads a table file. It refuses a format it does not know, a table
+// without a route or without tiers' peers, and a version that does not
+// match the tiers (a table edited by hand, or cut short).
+func Parse(b []byte) (Table, error) {
+	var t Table
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return Table{}, fmt.Errorf("peers table: %w", err)
+	}
+	if t.Format != Format {
+		return Table{}, fmt.Errorf("peers table: format %d is not %d, the one this release reads", t.Format, Format)
+	}
+	if t.Route == "" {
+		return Table{}, errors.New("peers table: no route")
+	}
+	for i, tr := range t.Tiers {
+		for j, p := range tr.Peers {
+			if p.Host == "" || p.Port < 1 || p.Port > 65535 {
+				return Table{}, fmt.Errorf("peers table %s: tiers[%d].peers[%d]: host %q port %d is not an address", t.Route, i, j, p.Host, p.Port)
+			}
+		}
+	}
+	want, err := version(t.Tiers)
+	if err != nil {
+		return Table{}, err
+	}
+	if t.Version != want {
+		return Table{}, fmt.Errorf("peers table %s: version %q does not match its tiers (%s)", t.Route, t.Version, want)
+	}
+	return t, nil
+}
