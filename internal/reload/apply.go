@@ -8,6 +8,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/modelsphere/autoconfig/internal/peers"
 )
 
 // Source supplies, in API mode, the content the sidecar writes into its
@@ -64,15 +66,29 @@ func (r *Reloader) apply(ctx context.Context, force bool) next {
 
 func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 	changed := changedKeys(r.applied, desired)
+	// Peers tables (dynamic peers) are no nginx configuration: the check
+	// says nothing about them and is not run for them (the engine checks
+	// a table when it is pushed). They are taken as they come.
+	var tables []string
+	changed = slices.DeleteFunc(changed, func(k string) bool {
+		if peers.IsKey(k) {
+			tables = append(tables, k)
+			return true
+		}
+		return false
+	})
+	base := overlay(r.applied, desired, tables)
 	if len(changed) == 0 {
-		// Nothing new; a failed write may have left the links half done.
-		if err := r.write(r.applied); err != nil {
+		// Nothing new to check; a failed write may have left the links
+		// half done.
+		if err := r.write(base); err != nil {
 			return nextRetry
 		}
+		r.applied = base
 		r.setQuarantine(desired, nil)
 		return nextDone
 	}
-	accepted := r.applied
+	accepted := base
 	refused := map[string]string{} // key → check output
 	var writeErr error
 	// try writes accepted plus the desired version of keys and checks it.

@@ -33,6 +33,8 @@ type Metrics struct {
 	LastConfigMapWrite prometheus.Gauge
 	QuarantinedKeys    prometheus.Gauge
 	ReportErrors       prometheus.Counter
+	Pushes             *prometheus.CounterVec
+	PushDuration       prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them on reg with
@@ -80,11 +82,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "served_report_errors_total",
 			Help: "With --pod-name: failed writes of the served-content annotation on the sidecar's own Pod (each is retried).",
 		}),
+		Pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "peers_pushes_total",
+			Help: "Dynamic peers: pushes of a peers table to the engine's control socket by result: accepted, refused (malformed, full dict, older serial), no_route (the engine needs a reload first), error (no answer).",
+		}, []string{"result"}),
+		PushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "peers_push_duration_seconds",
+			Help:    "Dynamic peers: one table's push, from reading the file to the engine's acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
+	}
+	for _, r := range []string{PushAccepted, PushRefused, PushNoRoute, PushError} {
+		m.Pushes.WithLabelValues(r)
 	}
 	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError, ResultContentChanged} {
 		m.Reloads.WithLabelValues(r)
 	}
 	prometheus.WrapRegistererWithPrefix(MetricsPrefix, reg).MustRegister(
-		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys, m.ReportErrors)
+		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys, m.ReportErrors, m.Pushes, m.PushDuration)
 	return m
 }

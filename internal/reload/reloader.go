@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -95,6 +97,9 @@ type Reloader struct {
 
 	// OnReload, if set, is called after every attempt (tests, benchmarks).
 	OnReload func(Outcome)
+	// OnPush, if set, is called after each peers-only change was pushed,
+	// with the keys pushed and those the engine refused (tests, benchmarks).
+	OnPush func(keys, refused []string)
 	// OnSettle, if set, is called each time the directories were looked
 	// at, with whether their visible content is new (tests).
 	OnSettle func(changed bool)
@@ -110,6 +115,11 @@ type Reloader struct {
 	appliedFor string            // API mode: version of the desired content applied
 	refusedFor string            // API mode: version whose check failed even without its changes
 	quarantine map[string]quarantined
+	loadedKeys map[string]string // hash of each key the target serves (Snapshot.Keys)
+	accepted   map[string]string // route → peers version the engine acknowledged
+	repush     bool              // a new target master: push every table again
+	serial     int64             // last push serial
+	control    *http.Client      // to the engine's control socket
 }
 
 // retryMin is the first retry delay after an error; it doubles up to
@@ -196,6 +206,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
 	r.loaded, r.seen = snap.Fingerprint, snap.Fingerprint
+	r.loadedKeys, r.accepted = snap.Keys, map[string]string{}
+	// The engine may have started with an older table than the files
+	// show (or none): push them all once it listens.
+	r.repush = len(peersKeys(snap.Keys)) > 0
 	if r.Report != nil {
 		r.Report(servedReport(snap, served.HowStart, r.Now()))
 	}
@@ -246,9 +260,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 			if pid := r.targetPID(); pid != r.lastPID || pid == 0 {
 				if pid != r.lastPID {
 					r.Log.Info("target process changed; checking sockets", "old", r.lastPID, "new", pid)
+					r.repush = r.repush || pid != 0
 				}
 				r.lastPID = pid
 				r.cleanSockets()
+			}
+			if r.repush && r.lastPID != 0 {
+				r.repushAll(ctx)
 			}
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -335,16 +353,40 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 			r.OnSettle(true)
 		}
 	}
+	// Only peers tables changed, and the engine takes them: push, no
+	// reload (push.go).
+	if changed, ok := onlyPeersChanged(r.loadedKeys, snap.Keys); ok && len(changed) > 0 && r.takesPeers() {
+		if n, pushed := r.pushFor(ctx, snap, changed); pushed {
+			return n
+		}
+	}
 	o := r.reloadFor(ctx, snap)
 	switch o.Result {
 	case ResultSuccess, ResultSignalled:
+		// The reloaded engine keeps picking from the tables it holds
+		// until they are pushed: they count as served once accepted.
+		keys := maps.Clone(snap.Keys)
+		for _, k := range peersKeys(keys) {
+			if old, ok := r.loadedKeys[k]; ok {
+				keys[k] = old
+			}
+		}
+		r.loadedKeys = keys
 		r.loaded = snap.Fingerprint
+		if sk, ok := r.pushAll(ctx, snap); sk != nil {
+			r.loadedKeys = sk
+			if !ok {
+				r.loaded = ""
+			}
+		} else {
+			r.loadedKeys = snap.Keys
+		}
 		if r.Report != nil {
 			how := served.HowReload
 			if o.Result == ResultSignalled {
 				how = served.HowSignal
 			}
-			r.Report(servedReport(snap, how, r.Now()))
+			r.Report(r.servedReportKeys(r.loadedKeys, how))
 		}
 		return nextDone
 	case ResultContentChanged:

@@ -33,6 +33,10 @@ const (
 	// HowStart: the content present when the sidecar started, taken as
 	// what the target started with.
 	HowStart = "start"
+	// HowPush: only peers tables changed, and the engine acknowledged
+	// each pushed table's version on its control socket (no reload):
+	// every worker picks from it from its next request on.
+	HowPush = "push"
 )
 
 // IDLen is the length of an ID: the first 16 hex digits (64 bits) of the
@@ -57,6 +61,9 @@ type Report struct {
 	How string `json:"how"`
 	// Keys are the ID of each key the target loaded, by key (file name).
 	Keys map[string]string `json:"keys"`
+	// Peers are, with dynamic peers, the peers table version (peers.Table
+	// Version) the engine acknowledged, by route.
+	Peers map[string]string `json:"peers,omitempty"`
 }
 
 // Marshal is the annotation value of r.
@@ -72,9 +79,9 @@ func Parse(s string) (Report, error) {
 		return Report{}, fmt.Errorf("annotation %s: %w", Annotation, err)
 	}
 	switch r.How {
-	case HowReload, HowSignal, HowStart:
+	case HowReload, HowSignal, HowStart, HowPush:
 	default:
-		return Report{}, fmt.Errorf("annotation %s: how %q is not %s, %s or %s", Annotation, r.How, HowReload, HowSignal, HowStart)
+		return Report{}, fmt.Errorf("annotation %s: how %q is not %s, %s, %s or %s", Annotation, r.How, HowReload, HowSignal, HowStart, HowPush)
 	}
 	return r, nil
 }

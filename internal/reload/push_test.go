@@ -1,0 +1,209 @@
+package reload
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/served"
+)
+
+// fakeEngine answers the control protocol on <dir>/autoconfig@control.sock
+// the way the reference engine does (docs/lua-contract.md): a narrow
+// stand-in for these unit tests; cmd/reload's tests push into real nginx.
+type fakeEngine struct {
+	mu     sync.Mutex
+	tables map[string]peers.Table
+	pushes []string // route@version, in order
+	refuse map[string]int
+}
+
+func startFakeEngine(t *testing.T, sockDir string) *fakeEngine {
+	t.Helper()
+	e := &fakeEngine{tables: map[string]peers.Table{}, refuse: map[string]int{}}
+	l, err := net.Listen("unix", filepath.Join(sockDir, peers.ControlSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(e.serve)}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return e
+}
+
+func (e *fakeEngine) serve(w http.ResponseWriter, req *http.Request) {
+	route, ok := strings.CutPrefix(req.URL.Path, "/peers/")
+	if !ok || req.Method != http.MethodPut {
+		http.Error(w, "no", http.StatusNotFound)
+		return
+	}
+	b, _ := io.ReadAll(req.Body)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if code := e.refuse[route]; code != 0 {
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(map[string]string{"error": "refused by the test"})
+		return
+	}
+	tab, err := peers.Parse(b)
+	if err != nil || tab.Route != route || req.Header.Get(peers.SerialHeader) == "" {
+		http.Error(w, "bad table", http.StatusBadRequest)
+		return
+	}
+	e.tables[route] = tab
+	e.pushes = append(e.pushes, route+"@"+tab.Version)
+	json.NewEncoder(w).Encode(map[string]any{"route": route, "version": tab.Version, "peers": tab.Peers()})
+}
+
+func (e *fakeEngine) setRefuse(route string, code int) {
+	e.mu.Lock()
+	e.refuse[route] = code
+	e.mu.Unlock()
+}
+
+func (e *fakeEngine) version(route string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tables[route].Version
+}
+
+func (e *fakeEngine) pushCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.pushes)
+}
+
+func table(t *testing.T, route string, ips ...string) (string, string) {
+	t.Helper()
+	tab := peers.Table{Route: route, Tiers: []peers.Tier{{Use: "backend", Priority: 1}}}
+	for _, ip := range ips {
+		tab.Tiers[0].Peers = append(tab.Tiers[0].Peers, peers.Peer{Host: ip, Port: 8000})
+	}
+	b, err := tab.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := peers.Parse(b)
+	return string(b), p.Version
+}
+
+func dynFiles(t *testing.T, conf string, ips ...string) (map[string]string, string) {
+	pt, v := table(t, "r", ips...)
+	return map[string]string{"session_route_r.conf": conf, peers.Key("r"): pt}, v
+}
+
+// TestPeersOnlyChangeIsPushed: with the engine on its control socket, a
+// change of only the peers table is pushed (no signal) and reported as
+// served "push" with the acknowledged version; a route file change still
+// signals, and every table is pushed after it.
+func TestPeersOnlyChangeIsPushed(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f0, _ := dynFiles(t, "conf 1\n", "10.0.0.1")
+	reloadtest.KubeletSwap(t, dir, f0)
+	eng := startFakeEngine(t, sock)
+	name := uniqueName("nginx-like")
+	target := reloadtest.StartHUPCounter(t, name)
+	var rep reports
+	pushed := make(chan []string, 10)
+	r := &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Report: rep.add, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond}
+	r.OnPush = func(keys, _ []string) { pushed <- keys }
+	startReloader(t, r)
+	// At start the tables are pushed once the engine listens.
+	_, v0 := table(t, "r", "10.0.0.1")
+	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+
+	for i, ips := range [][]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.2"}, {"10.0.0.3", "10.0.0.4"}} {
+		f, v := dynFiles(t, "conf 1\n", ips...)
+		reloadtest.KubeletSwap(t, dir, f)
+		select {
+		case keys := <-pushed:
+			if len(keys) != 1 || keys[0] != peers.Key("r") {
+				t.Fatalf("change %d: pushed %v", i, keys)
+			}
+		case <-time.After(wait):
+			t.Fatalf("change %d: nothing pushed", i)
+		}
+		if got := eng.version("r"); got != v {
+			t.Fatalf("change %d: engine holds %q, want %q", i, got, v)
+		}
+		last := rep.get()[len(rep.get())-1]
+		if last.How != served.HowPush || last.Keys[peers.Key("r")] != served.ID([]byte(f[peers.Key("r")])) || last.Peers["r"] != v {
+			t.Fatalf("change %d: report %+v", i, last)
+		}
+	}
+	if n := target.Count(); n != 0 {
+		t.Fatalf("%d signals for peers-only changes, want 0", n)
+	}
+
+	// A route file change signals, then the table is pushed.
+	f, v := dynFiles(t, "conf 2\n", "10.0.0.9")
+	before := eng.pushCount()
+	reloadtest.KubeletSwap(t, dir, f)
+	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+	reloadtest.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
+	reloadtest.WaitFor(t, wait, "the report", func() bool {
+		last := rep.get()[len(rep.get())-1]
+		return last.How == served.HowSignal && last.Keys[peers.Key("r")] == served.ID([]byte(f[peers.Key("r")]))
+	})
+}
+
+// TestRefusedPushKeepsTheLastGoodTable: a table the engine refuses is not
+// reported as served (the report keeps the previous version, so Applied
+// says Stale), nothing is signalled, and the push is retried at the resync
+// until the engine takes it.
+func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f0, v0 := dynFiles(t, "conf\n", "10.0.0.1")
+	reloadtest.KubeletSwap(t, dir, f0)
+	eng := startFakeEngine(t, sock)
+	name := uniqueName("nginx-like")
+	target := reloadtest.StartHUPCounter(t, name)
+	var rep reports
+	r := &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Report: rep.add, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond}
+	h := startReloader(t, r)
+	_ = h
+	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+
+	eng.setRefuse("r", http.StatusInsufficientStorage)
+	f1, v1 := dynFiles(t, "conf\n", "10.0.0.1", "10.0.0.2")
+	reloadtest.KubeletSwap(t, dir, f1)
+	reloadtest.WaitFor(t, wait, "a report after the refusal", func() bool { return rep.get()[len(rep.get())-1].How == served.HowPush })
+	last := rep.get()[len(rep.get())-1]
+	if last.Keys[peers.Key("r")] != served.ID([]byte(f0[peers.Key("r")])) || last.Peers["r"] != v0 {
+		t.Fatalf("report after a refused push: %+v, want the last good table (%s)", last, v0)
+	}
+	if eng.version("r") != v0 {
+		t.Fatal("the engine's table changed on a refusal")
+	}
+	eng.setRefuse("r", 0)
+	reloadtest.WaitFor(t, wait, "the retried push", func() bool {
+		last := rep.get()[len(rep.get())-1]
+		return eng.version("r") == v1 && last.Peers["r"] == v1 && last.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")]))
+	})
+	if n := target.Count(); n != 0 {
+		t.Fatalf("%d signals, want 0: a refused table is no reason to reload", n)
+	}
+}
+
+// TestNoControlSocketReloads: without the engine's control socket (an
+// engine that does not take peers), a peers table change reloads as any
+// change does.
+func TestNoControlSocketReloads(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f0, _ := dynFiles(t, "conf\n", "10.0.0.1")
+	reloadtest.KubeletSwap(t, dir, f0)
+	name := uniqueName("nginx-like")
+	target := reloadtest.StartHUPCounter(t, name)
+	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Debounce: 20 * time.Millisecond})
+	f1, _ := dynFiles(t, "conf\n", "10.0.0.2")
+	reloadtest.KubeletSwap(t, dir, f1)
+	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+}
