@@ -67,6 +67,10 @@ type Table struct {
 	Format int `json:"format"`
 	// Route is the route name (spec.nginx.route).
 	Route string `json:"route"`
+	// Owner is the ModelRoute that wrote the table (namespace/name): the
+	// key's ownership mark, as the first line of every other key the
+	// controller writes (a JSON file has no comment to carry it).
+	Owner string `json:"owner,omitempty"`
 	// Version identifies Tiers: the first 16 hex digits of the SHA-256 of
 	// their JSON. Two tables with one version pick from the same peers.
 	Version string `json:"version"`
