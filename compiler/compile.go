@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/modelsphere/autoconfig/internal/endpoints"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
@@ -35,6 +36,14 @@ type Options struct {
 	// SockDir is the absolute directory of the per-route unix sockets
 	// (default DefaultSockDir).
 	SockDir string
+	// DynamicPeers: the consumer declared peers.Annotation ("true") on its
+	// routes ConfigMap, so its engine takes peers without a reload. The
+	// route file then registers the route with
+	// router.register_dynamic_route and holds no peer (it depends on the
+	// spec alone), and the peers travel in a second key of the same
+	// ConfigMap, peers.Key(route). False renders every output exactly as
+	// before the option existed.
+	DynamicPeers bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -81,6 +90,13 @@ func RouteKey(route *Route) string {
 	return "session_route_" + RouteName(route) + ".conf"
 }
 
+// PeersKey is the key of the route's peers table in the openresty
+// ConfigMap under Options.DynamicPeers: peers.Key of the route name,
+// peers_<route>.json (not a *.conf key: nginx does not include it).
+func PeersKey(route *Route) string {
+	return peers.Key(RouteName(route))
+}
+
 // CartKey is the key of the CART config in the CART ConfigMap.
 const CartKey = "config.yaml"
 
@@ -116,15 +132,27 @@ type OwnedKey struct {
 	Field string
 }
 
-// OutputKeys are every key the route writes, in Compile's output order:
-// the route file, the CART config.yaml (spec.cart), the monitor file
-// (spec.monitor). They come from the spec alone (no validation, no
-// endpoints), so two routes that would write one key can be found before
-// anything is written.
+// OutputKeys are every key the route writes without dynamic peers
+// (OutputKeysFor(route, false)), in Compile's output order: the route file,
+// the CART config.yaml (spec.cart), the monitor file (spec.monitor). They
+// come from the spec alone (no validation, no endpoints), so two routes
+// that would write one key can be found before anything is written.
 func OutputKeys(route *Route) []OwnedKey {
+	return OutputKeysFor(route, false)
+}
+
+// OutputKeysFor are every key the route writes when rendered with
+// Options.DynamicPeers = dynamic, in Compile's output order: the route
+// file, with dynamic the peers table (PeersKey) in the same ConfigMap,
+// the CART config.yaml, the monitor file. From the spec alone, as
+// OutputKeys.
+func OutputKeysFor(route *Route, dynamic bool) []OwnedKey {
 	var out []OwnedKey
 	if cm := route.Spec.Nginx.OutputConfigMap; cm != "" {
 		out = append(out, OwnedKey{ResolveRef(route, cm), RouteKey(route), "spec.nginx.route"})
+		if dynamic {
+			out = append(out, OwnedKey{ResolveRef(route, cm), PeersKey(route), "spec.nginx.route"})
+		}
 	}
 	if c := route.Spec.Cart; c != nil && c.OutputConfigMap != "" {
 		out = append(out, OwnedKey{ResolveRef(route, c.OutputConfigMap), CartKey, "spec.cart.outputConfigMap"})
@@ -135,20 +163,33 @@ func OutputKeys(route *Route) []OwnedKey {
 	return out
 }
 
-// OwnedKeys are the keys the route's spec renders alone, the ones removed
-// when the route goes away: OutputKeys without the CART config.yaml, which
-// is the whole per-model file of the CART chart, rewritten in part, never
-// removed. Computed from the spec alone, so even a route whose spec became
-// invalid can be cleaned up.
+// OwnedKeys are the keys the route's spec renders alone without dynamic
+// peers (OwnedKeysFor(route, false)), the ones removed when the route goes
+// away: OutputKeys without the CART config.yaml, which is the whole
+// per-model file of the CART chart, rewritten in part, never removed.
+// Computed from the spec alone, so even a route whose spec became invalid
+// can be cleaned up.
 func OwnedKeys(route *Route) []OwnedKey {
-	out := OutputKeys(route)
+	return OwnedKeysFor(route, false)
+}
+
+// OwnedKeysFor are OwnedKeys for a render with Options.DynamicPeers =
+// dynamic: OutputKeysFor(route, dynamic) without the CART config.yaml.
+func OwnedKeysFor(route *Route, dynamic bool) []OwnedKey {
+	out := OutputKeysFor(route, dynamic)
 	return slices.DeleteFunc(out, func(k OwnedKey) bool { return k.Key == CartKey })
 }
 
 // Compile renders every output the route owns from a validated, defaulted
 // route (schema.Validator output) and an endpoint snapshot. Outputs come in
-// a fixed order: the openresty route file, the CART config.yaml (when
-// spec.cart is set), the monitor file (when spec.monitor is set).
+// a fixed order: the openresty route file, the peers table (only with
+// Options.DynamicPeers), the CART config.yaml (when spec.cart is set), the
+// monitor file (when spec.monitor is set).
+//
+// With Options.DynamicPeers the route file depends on the spec alone: an
+// endpoint change changes only the peers table (and the CART and monitor
+// files), so the consumer's engine takes it without a reload. The table
+// holds exactly the tiers the static route file would hold.
 //
 // It fails with ErrNoBackends when the snapshot has no backends, on
 // malformed endpoints (bad IP, port outside 1–65535) and on endpoint lists
@@ -188,20 +229,37 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 		return res, err
 	}
 
+	llm := route.Spec.ModelType != routespec.ModelTypeVideo
+	tiers, err := c.tiers(llm)
+	if err != nil {
+		return Result{}, fmt.Errorf("route %s: %w", name, err)
+	}
 	var conf []byte
-	if route.Spec.ModelType == routespec.ModelTypeVideo {
-		conf, err = c.renderVideo()
+	if llm {
+		conf, err = c.renderLLM(tiers)
 	} else {
-		conf, err = c.renderLLM()
+		conf, err = c.renderVideo(tiers)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("route %s: %w", name, err)
 	}
+	nginxCM := ResolveRef(route, route.Spec.Nginx.OutputConfigMap)
 	res.Outputs = append(res.Outputs, Output{
-		ConfigMap: ResolveRef(route, route.Spec.Nginx.OutputConfigMap),
+		ConfigMap: nginxCM,
 		Key:       RouteKey(route),
 		Render:    constant(conf),
 	})
+	if opts.DynamicPeers {
+		table, err := c.peersTable(tiers)
+		if err != nil {
+			return Result{}, fmt.Errorf("route %s: peers table: %w", name, err)
+		}
+		res.Outputs = append(res.Outputs, Output{
+			ConfigMap: nginxCM,
+			Key:       PeersKey(route),
+			Render:    constant(table),
+		})
+	}
 	if cart := route.Spec.Cart; cart != nil {
 		cm := ResolveRef(route, cart.OutputConfigMap)
 		res.Outputs = append(res.Outputs, Output{

@@ -7,14 +7,12 @@ import (
 	"strings"
 )
 
-// renderLLM writes the llm route file: a balancer upstream and a per-route
-// server whose access phase registers the route with the lua engine once per
-// worker. The exact contract is docs/lua-contract.md.
-func (c *compilation) renderLLM() ([]byte, error) {
-	tiers, err := c.tiers(true)
-	if err != nil {
-		return nil, err
-	}
+// renderLLM writes the llm route file from the route's tiers (c.tiers(true)):
+// a balancer upstream and a per-route server whose access phase registers
+// the route with the lua engine once per worker. The exact contract is
+// docs/lua-contract.md. With Options.DynamicPeers the registration holds no
+// tiers (register_dynamic_route: the peers table carries them).
+func (c *compilation) renderLLM(tiers []tier) ([]byte, error) {
 	n := 0
 	for _, t := range tiers {
 		n += len(t.peers)
@@ -25,27 +23,34 @@ func (c *compilation) renderLLM() ([]byte, error) {
 	}
 	b := make([]byte, 0, 4096+96*n+128*len(c.route.Spec.Nginx.Values))
 	b = c.appendHeader(b)
-	// Route files are included inside http{}: the dict is declared here,
-	// one per route, named as the route.
-	b = append(b, "# The engine's per-route lua shared dict, named as the route.\nlua_shared_dict "...)
-	b = append(b, c.name...)
-	b = append(b, ' ')
-	b = append(b, dict...)
-	b = append(b, ";\n\n"...)
-	up := upstreamName(c.name)
-	route := LuaString(c.name)
-
-	b = append(b, "# Every peer is chosen by the engine's balancer; the server below is a\n# placeholder nginx requires and is never contacted.\nupstream "...)
-	b = append(b, up...)
-	b = append(b, " {\n    server 0.0.0.1:1;\n    balancer_by_lua_block {\n        require(\""+LuaModule+"\").balance("...)
-	b = append(b, route...)
-	b = append(b, ")\n    }\n}\n\n"...)
-
+	b = appendSharedDict(b, c.name, dict)
+	b = appendBalancerUpstream(b, c.name)
 	b = c.appendServerHead(b)
 	b = append(b, "    location / {\n"...)
 	b = c.appendLLMLocation(b, tiers)
 	b = append(b, "}\n"...)
 	return b, nil
+}
+
+// appendSharedDict declares the engine's per-route lua shared dict. Route
+// files are included inside http{}: the dict is declared here, one per
+// route, named as the route.
+func appendSharedDict(b []byte, route, size string) []byte {
+	b = append(b, "# The engine's per-route lua shared dict, named as the route.\nlua_shared_dict "...)
+	b = append(b, route...)
+	b = append(b, ' ')
+	b = append(b, size...)
+	return append(b, ";\n\n"...)
+}
+
+// appendBalancerUpstream writes the route's upstream whose every peer the
+// engine's balancer picks.
+func appendBalancerUpstream(b []byte, route string) []byte {
+	b = append(b, "# Every peer is chosen by the engine's balancer; the server below is a\n# placeholder nginx requires and is never contacted.\nupstream "...)
+	b = append(b, upstreamName(route)...)
+	b = append(b, " {\n    server 0.0.0.1:1;\n    balancer_by_lua_block {\n        require(\""+LuaModule+"\").balance("...)
+	b = appendLuaString(b, route)
+	return append(b, ")\n    }\n}\n\n"...)
 }
 
 // tuningGuard refuses the engine's endpoints (/_…) to every caller but the
@@ -69,18 +74,49 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 	// $remote_addr is the real client. A guard in the one location keeps
 	// the peer table written once (a second location with allow/deny
 	// would need its own copy of the registration).
-	b = append(b, "        access_by_lua_block {\n"+tuningGuard+"            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
+	b = append(b, "        access_by_lua_block {\n"+tuningGuard...)
+	if c.opts.DynamicPeers {
+		b = appendDynamicRegistration(b, c.name, c.llmOptions())
+	} else {
+		b = c.appendStaticRegistration(b, tiers)
+	}
+	b = append(b, "        }\n"...)
+	b = append(b, "        proxy_pass http://"...)
+	b = append(b, up...)
+	b = append(b, `;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Real-IP $remote_addr;
+        # Token streams go out as they come; a long prompt may think for
+        # minutes before the first byte.
+        proxy_buffering off;
+        proxy_read_timeout 3600s;
+        proxy_send_timeout 3600s;
+`...)
+	if c.failOpen() {
+		// nginx's default is 60s: a blackholed peer would hold a request
+		// that long before the engine's retry moves on.
+		b = append(b, "        proxy_connect_timeout "+failOpenConnectTimeout+";\n"...)
+	}
+	b = append(b, `        log_by_lua_block {
+            require("`+LuaModule+`").log(`...)
+	b = append(b, route...)
+	b = append(b, ")\n        }\n    }\n"...)
+	return b
+}
+
+// appendStaticRegistration writes the access-phase lua that registers an
+// llm route with its options and its tiers, then admits the request
+// (inside access_by_lua_block, after the tuning guard).
+func (c *compilation) appendStaticRegistration(b []byte, tiers []tier) []byte {
+	route := LuaString(c.name)
+	b = append(b, "            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
 	b = append(b, route...)
 	b = append(b, ") then\n                router.register_route("...)
 	b = append(b, route...)
 	b = append(b, ", {\n"...)
-	for _, kv := range c.llmOptions() {
-		b = append(b, "                    [ "...)
-		b = appendLuaString(b, kv[0])
-		b = append(b, " ] = "...)
-		b = appendLuaString(b, kv[1])
-		b = append(b, ",\n"...)
-	}
+	b = appendLuaOptions(b, c.llmOptions())
 	b = append(b, "                }, {\n"...)
 	for _, t := range tiers {
 		b = append(b, "                    {\n                        [ \"use\" ] = "...)
@@ -111,29 +147,20 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 	}
 	b = append(b, "                })\n            end\n            router.access("...)
 	b = append(b, route...)
-	b = append(b, ")\n        }\n"...)
-	b = append(b, "        proxy_pass http://"...)
-	b = append(b, up...)
-	b = append(b, `;
-        proxy_http_version 1.1;
-        proxy_set_header Connection "";
-        proxy_set_header Host $host;
-        proxy_set_header X-Real-IP $remote_addr;
-        # Token streams go out as they come; a long prompt may think for
-        # minutes before the first byte.
-        proxy_buffering off;
-        proxy_read_timeout 3600s;
-        proxy_send_timeout 3600s;
-`...)
-	if c.failOpen() {
-		// nginx's default is 60s: a blackholed peer would hold a request
-		// that long before the engine's retry moves on.
-		b = append(b, "        proxy_connect_timeout "+failOpenConnectTimeout+";\n"...)
+	b = append(b, ")\n"...)
+	return b
+}
+
+// appendLuaOptions writes the lines of a registration's options table,
+// one "[ key ] = value," per option, in the order given.
+func appendLuaOptions(b []byte, opts [][2]string) []byte {
+	for _, kv := range opts {
+		b = append(b, "                    [ "...)
+		b = appendLuaString(b, kv[0])
+		b = append(b, " ] = "...)
+		b = appendLuaString(b, kv[1])
+		b = append(b, ",\n"...)
 	}
-	b = append(b, `        log_by_lua_block {
-            require("`+LuaModule+`").log(`...)
-	b = append(b, route...)
-	b = append(b, ")\n        }\n    }\n"...)
 	return b
 }
 

@@ -37,13 +37,12 @@ var (
 // large pool.
 const videoUpstreamTries = 3
 
-// renderVideo writes the video route file: a plain reverse proxy (see
-// docs/outputs.md).
-func (c *compilation) renderVideo() ([]byte, error) {
-	tiers, err := c.tiers(false)
-	if err != nil {
-		return nil, err
-	}
+// renderVideo writes the video route file from the route's tiers
+// (c.tiers(false)): a plain reverse proxy (see docs/outputs.md). With
+// Options.DynamicPeers the upstream is the engine's balancer and the
+// access phase registers the route (register_dynamic_route): the peers
+// table carries the tiers.
+func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	val := func(k string) string {
 		if v, ok := c.route.Spec.Nginx.Values[k]; ok {
 			return v
@@ -111,8 +110,17 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	for _, t := range tiers {
 		n += len(t.peers)
 	}
+	var dict string
+	if c.opts.DynamicPeers {
+		if dict, err = c.sharedDictSize(); err != nil {
+			return nil, err
+		}
+	}
 	b := make([]byte, 0, 4096+96*n)
 	b = c.appendHeader(b)
+	if c.opts.DynamicPeers {
+		b = appendSharedDict(b, c.name, dict)
+	}
 
 	// http-level directives: this file is included inside http{}, shared
 	// with every other route, so every name carries the route's identifier.
@@ -139,38 +147,29 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	b = append(b, fwd...)
 	b = append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
 
-	// The highest tier is primary; lower tiers are backup servers, used
-	// only while every primary is down (not while one answers 503).
-	b = append(b, "upstream "...)
-	b = append(b, up...)
-	b = append(b, " {\n    zone "...)
-	b = append(b, up...)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, int64(64+n), 10)
-	b = append(b, "k;\n"...)
-	for ti, t := range tiers {
-		for i := range t.peers {
-			b = append(b, "    server "...)
-			b = t.peers[i].appendHostPort(b)
-			b = append(b, " max_fails=3 fail_timeout=10s"...)
-			if t.maxConc > 0 {
-				b = append(b, " max_conns="...)
-				b = strconv.AppendInt(b, t.maxConc, 10)
-			}
-			if ti > 0 && t.priority < tiers[0].priority {
-				b = append(b, " backup"...)
-			}
-			b = append(b, ";\n"...)
-		}
+	if c.opts.DynamicPeers {
+		b = appendBalancerUpstream(b, c.name)
+	} else {
+		b = appendVideoUpstream(b, up, tiers, n)
 	}
-	b = append(b, "}\n\n"...)
 
 	b = c.appendServerHead(b)
 	b = append(b, "    client_max_body_size "...)
 	b = append(b, bodySize...)
 	b = append(b, ";\n\n    location / {\n"...)
 	b = c.appendStrip(b)
-	if keys := val("api_keys"); keys != "" {
+	keys := val("api_keys")
+	switch {
+	case c.opts.DynamicPeers:
+		// One access_by_lua_block per location: the key check, then the
+		// registration and the engine's access.
+		b = append(b, "        access_by_lua_block {\n"...)
+		if keys != "" {
+			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
+		}
+		b = appendDynamicRegistration(b, c.name, videoDynamicOptions)
+		b = append(b, "        }\n"...)
+	case keys != "":
 		b = appendVideoAuth(b, keys, val("auth_public_paths"))
 	}
 	if connLimit != "" {
@@ -225,13 +224,51 @@ func (c *compilation) renderVideo() ([]byte, error) {
 	return b, nil
 }
 
+// appendVideoUpstream writes the static video upstream: the highest tier
+// is primary; lower tiers are backup servers, used only while every
+// primary is down (not while one answers 503). n is the number of peers.
+func appendVideoUpstream(b []byte, up string, tiers []tier, n int) []byte {
+	b = append(b, "upstream "...)
+	b = append(b, up...)
+	b = append(b, " {\n    zone "...)
+	b = append(b, up...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(64+n), 10)
+	b = append(b, "k;\n"...)
+	for ti, t := range tiers {
+		for i := range t.peers {
+			b = append(b, "    server "...)
+			b = t.peers[i].appendHostPort(b)
+			b = append(b, " max_fails=3 fail_timeout=10s"...)
+			if t.maxConc > 0 {
+				b = append(b, " max_conns="...)
+				b = strconv.AppendInt(b, t.maxConc, 10)
+			}
+			if ti > 0 && t.priority < tiers[0].priority {
+				b = append(b, " backup"...)
+			}
+			b = append(b, ";\n"...)
+		}
+	}
+	return append(b, "}\n\n"...)
+}
+
 // appendVideoAuth renders the API key check: lua compares the Bearer token
 // byte for byte with each key (an nginx map would compare plain strings
 // case-insensitively), after the public-path exemption. Keys and the path
 // go through LuaString, so no byte of them reaches nginx's or lua's lexer
 // unescaped.
 func appendVideoAuth(b []byte, keys, public string) []byte {
-	b = append(b, "        access_by_lua_block {\n            local uri = ngx.var.uri\n"...)
+	b = append(b, "        access_by_lua_block {\n"...)
+	b = appendVideoAuthCheck(b, keys, public)
+	return append(b, "        }\n"...)
+}
+
+// appendVideoAuthCheck writes the lua of the API key check (the body of
+// appendVideoAuth's access_by_lua_block): a request without a valid key
+// ends with 401 here.
+func appendVideoAuthCheck(b []byte, keys, public string) []byte {
+	b = append(b, "            local uri = ngx.var.uri\n"...)
 	switch {
 	case public == "":
 		b = append(b, "            local public = false\n"...)
@@ -256,7 +293,7 @@ func appendVideoAuth(b []byte, keys, public string) []byte {
 		b = append(b, "token == "...)
 		b = appendLuaString(b, k)
 	}
-	b = append(b, ") then\n                    ngx.header[\"WWW-Authenticate\"] = \"Bearer\"\n                    return ngx.exit(401)\n                end\n            end\n        }\n"...)
+	b = append(b, ") then\n                    ngx.header[\"WWW-Authenticate\"] = \"Bearer\"\n                    return ngx.exit(401)\n                end\n            end\n"...)
 	return b
 }
 

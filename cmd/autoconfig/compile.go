@@ -20,15 +20,21 @@ import (
 func compileCommand() *cli.Command {
 	o := &compileOptions{}
 	return &cli.Command{
-		Use:   "compile (-f ROUTE --endpoints SNAPSHOT | --from-cluster [-n NS] NAME|-f ROUTE) [--output-dir DIR] [-o text|json|yaml] [--base-cart FILE] [--sock-dir DIR]",
+		Use:   "compile (-f ROUTE --endpoints SNAPSHOT | --from-cluster [-n NS] NAME|-f ROUTE) [--output-dir DIR] [-o text|json|yaml] [--base-cart FILE] [--sock-dir DIR] [--dynamic-peers]",
 		Short: "render a route's outputs from files, or from the live cluster",
 		Long: `
 Validates ROUTE with the embedded schema (the same errors as autoconfig vet),
 then renders every output the route owns exactly as the controller would
 write them:
   <nginx.outputConfigMap>   session_route_<route>.conf  (openresty route file)
+  <nginx.outputConfigMap>   peers_<route>.json          (only with --dynamic-peers)
   <cart.outputConfigMap>    config.yaml                 (only with spec.cart)
   <monitor.outputConfigMap> <model>.monitor.conf        (only with spec.monitor)
+--dynamic-peers renders as if the routes ConfigMap declared
+routing.modelsphere.dev/dynamic-peers: "true" (the consumer's engine takes
+peers without a reload): the route file then depends on the spec alone,
+and the route's peers go to peers_<route>.json (docs/outputs.md, "Dynamic
+peers").
 From files: the endpoints come from the snapshot file SNAPSHOT and the CART
 base config (whose workers section is rewritten) from --base-cart.
 With --from-cluster: the route is the live route NAME (or the file ROUTE,
@@ -162,7 +168,7 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.endpoints, err)
 	}
-	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), compiler.Options{SockDir: o.cluster.sockDir})
+	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), o.cluster.compileOptions())
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -32,6 +33,7 @@ type clusterOptions struct {
 	files         []string
 	trusted       []string
 	sockDir       string
+	dynamicPeers  bool
 }
 
 // addFlags registers the flags; withFile adds -f (compile has its own).
@@ -45,6 +47,12 @@ func (o *clusterOptions) addFlags(fs *pflag.FlagSet, withFile bool) {
 	}
 	fs.StringSliceVar(&o.trusted, "trusted-namespace", nil, "the controller's --trusted-namespace values (grants are checked as the controller checks them)")
 	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image (the controller's --sock-dir)")
+	fs.BoolVar(&o.dynamicPeers, "dynamic-peers", false, "render as if the routes ConfigMap declared "+peers.Annotation+": \"true\": the route file holds no peers, they go to the key peers_<route>.json")
+}
+
+// compileOptions are the compiler options the flags select.
+func (o *clusterOptions) compileOptions() compiler.Options {
+	return compiler.Options{SockDir: o.sockDir, DynamicPeers: o.dynamicPeers}
 }
 
 // client builds the live client and the namespace routes default to.
@@ -177,7 +185,7 @@ func (o *clusterOptions) previews(ctx context.Context, names []string, stdin io.
 	if err != nil {
 		return nil, err
 	}
-	pv := controller.NewPreviewer(c, v, compiler.Options{SockDir: o.sockDir}, o.trusted)
+	pv := controller.NewPreviewer(c, v, o.compileOptions(), o.trusted)
 	var out []*controller.Preview
 	for _, rt := range routes {
 		p, err := pv.Preview(ctx, rt)
@@ -202,7 +210,7 @@ func (o *clusterOptions) validate(args []string) error {
 func diffCommand() *cli.Command {
 	o := &diffOptions{}
 	return &cli.Command{
-		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json|yaml]",
+		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json|yaml] [--dynamic-peers]",
 		Short: "show what the controller would change in the live ConfigMaps",
 		Long: `
 Builds each route's endpoint snapshot from the live cluster exactly as the
@@ -219,6 +227,12 @@ in the cluster lends its status, so keys it would stop rendering show as
 removed). What keeps a route from Ready (no backends, a missing Service, an
 ungranted namespace) is printed to stderr: the controller then writes
 nothing, so there is no diff for that route.
+
+With --dynamic-peers every route renders as if its routes ConfigMap
+declared routing.modelsphere.dev/dynamic-peers: "true" (the consumer's
+engine takes peers without a reload): the route file holds no peers and
+each route has a second key, peers_<route>.json, in that ConfigMap
+(docs/outputs.md, "Dynamic peers").
 
 Exit status: 0 no difference, 1 differences, 2 error (an invalid route, an
 unreachable cluster, a missing route).

@@ -58,7 +58,7 @@ func rules() []rule {
 	return []rule{
 		{
 			pkg:  "compiler",
-			why:  "the compiler is pure Go: no Kubernetes package, no CUE; only its input types, the endpoint type and YAML",
+			why:  "the compiler is pure Go: no Kubernetes package, no CUE; only its input types, the endpoint type, the peers table format and YAML",
 			deny: func(d string) bool { return !std(d) && !slices.Contains(compilerDeps, d) },
 			want: self("schema/routespec"),
 		},
@@ -133,6 +133,7 @@ var compilerDeps = []string{
 	self("compiler"),
 	self("schema/routespec"),
 	self("internal/endpoints"),
+	self("internal/peers"), // the peers table format (dynamic peers); std only
 	"gopkg.in/yaml.v3",
 	"go.yaml.in/yaml/v2",
 	"sigs.k8s.io/yaml",
