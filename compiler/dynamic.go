@@ -58,7 +58,7 @@ func appendDynamicRegistration(b []byte, name string, opts [][2]string) []byte {
 // peersTable is the content of the route's peers key: exactly the tiers
 // the static route file renders, highest priority first.
 func (c *compilation) peersTable(tiers []tier) ([]byte, error) {
-	t := peers.Table{Route: c.name, Tiers: make([]peers.Tier, len(tiers))}
+	t := peers.Table{Route: c.name, Owner: OwnerRef(c.route.Namespace, c.route.Name), Tiers: make([]peers.Tier, len(tiers))}
 	for i, tr := range tiers {
 		ps := make([]peers.Peer, len(tr.peers))
 		for j := range tr.peers {

@@ -2,7 +2,10 @@ package compiler
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
+
+	"github.com/modelsphere/autoconfig/internal/peers"
 
 	"gopkg.in/yaml.v3"
 )
@@ -69,6 +72,17 @@ type Content struct {
 // it). A value without a mark is hand-written (or written by another tool),
 // unless Free. Unparsable CART YAML is neither owned nor free.
 func ReadContent(key string, value []byte) Content {
+	if peers.IsKey(key) {
+		// A peers table is JSON: its owner field is the mark. A value
+		// that is no table is hand-written.
+		var t struct {
+			Owner string `json:"owner"`
+		}
+		if json.Unmarshal(value, &t) != nil || strings.ContainsAny(t.Owner, " \t") {
+			return Content{}
+		}
+		return Content{Owner: t.Owner}
+	}
 	if key != CartKey {
 		first, _, _ := bytes.Cut(value, []byte("\n"))
 		ref, _ := parseMark(string(first), key)

@@ -3,6 +3,8 @@ package compiler
 import (
 	"slices"
 	"testing"
+
+	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
 // TestOwnerMarks: every output of every valid route names its route in a
@@ -100,6 +102,32 @@ func TestCartMarkFirstKey(t *testing.T) {
 		again, _ := RenderCartConfig(b, w, "ns/cart", "ns/r")
 		if string(again) != string(b) {
 			t.Errorf("base %q: second render differs:\n%s\n%s", base, b, again)
+		}
+	}
+}
+
+// TestReadContentPeersTable: a peers table's owner field is its mark; a
+// value that is not a table (hand-written) has no owner.
+func TestReadContentPeersTable(t *testing.T) {
+	route := &Route{Name: "qwen", Namespace: "llm", Spec: routespec.Spec{ModelType: routespec.ModelTypeVideo,
+		Discovery: routespec.Discovery{Service: "qwen"},
+		Nginx:     routespec.Nginx{OutputConfigMap: "routes", Peers: []routespec.Peer{{Use: routespec.UseBackend}}}}}
+	res, err := Compile(route, Snapshot{Backends: []Endpoint{{IP: "10.0.0.1", Port: 8000, Ready: true}}}, Options{DynamicPeers: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table []byte
+	for _, o := range res.Outputs {
+		if o.Key == PeersKey(route) {
+			table, _ = o.Render(nil)
+		}
+	}
+	if got := ReadContent(PeersKey(route), table).Owner; got != "llm/qwen" {
+		t.Fatalf("owner %q, want llm/qwen", got)
+	}
+	for _, v := range []string{"", "# hand-written\n", `{"route":"qwen"}`, `{"owner":"a b"}`} {
+		if got := ReadContent(PeersKey(route), []byte(v)).Owner; got != "" {
+			t.Errorf("%q: owner %q, want none", v, got)
 		}
 	}
 }

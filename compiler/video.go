@@ -220,6 +220,13 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 		b = append(b, rateAfter...)
 		b = append(b, ";\n"...)
 	}
+	if c.opts.DynamicPeers {
+		// The engine releases the try's slot and counts a connection
+		// failure (ejection after 3) when the request ends.
+		b = append(b, "        log_by_lua_block {\n            require(\""+LuaModule+"\").log("...)
+		b = append(b, LuaString(c.name)...)
+		b = append(b, ")\n        }\n"...)
+	}
 	b = append(b, "    }\n}\n"...)
 	return b, nil
 }
