@@ -209,13 +209,15 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	return nil
 }
 
-// routeKeys are the keys a route's spec owns (compiler.OwnedKeys: from the
-// spec alone, no validation, no endpoints), so even a route whose spec
-// became invalid can be cleaned up. The CART config.yaml is not included
-// (see reconcileDelete).
+// routeKeys are the keys a route's spec owns (compiler.OwnedKeysFor: from
+// the spec alone, no validation, no endpoints), so even a route whose spec
+// became invalid can be cleaned up. The peers table key is included
+// whether or not the ConfigMap declares dynamic peers now (it may have
+// when the table was written; removal takes only a key with this route's
+// mark). The CART config.yaml is not included (see reconcileDelete).
 func routeKeys(route *v1alpha1.ModelRoute) map[string][]string {
 	keys := map[string][]string{}
-	for _, k := range compiler.OwnedKeys(compilerRoute(route)) {
+	for _, k := range compiler.OwnedKeysFor(compilerRoute(route), true) {
 		keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
 	}
 	return keys

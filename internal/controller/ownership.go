@@ -35,7 +35,8 @@ import (
 const AdoptForeignKeysAnnotation = "routing.modelsphere.dev/adopt-foreign-keys"
 
 // IndexRouteOutputKey indexes ModelRoutes by every key they write, as
-// "ns/configmap|key" (compiler.OutputKeys): the routes claiming one key.
+// "ns/configmap|key" (compiler.OutputKeysFor with dynamic peers, so the
+// peers table key too): the routes claiming one key.
 const IndexRouteOutputKey = "route.routing.modelsphere.dev/output-key"
 
 // IndexRouteMonitorConfigMap indexes ModelRoutes by their monitor output
@@ -102,7 +103,7 @@ func (r *Reconciler) dropUnsafeMonitor(ctx context.Context, st *state, outputs [
 
 func outputKeyValues(rt *v1alpha1.ModelRoute) []string {
 	var out []string
-	for _, k := range compiler.OutputKeys(compilerRoute(rt)) {
+	for _, k := range compiler.OutputKeysFor(compilerRoute(rt), true) {
 		out = append(out, k.ConfigMap+"|"+k.Key)
 	}
 	return out
@@ -147,7 +148,7 @@ func (e *ForeignError) Error() string {
 func (r *Reconciler) writeGuard(ctx context.Context, route *v1alpha1.ModelRoute) sink.Guard {
 	me := compiler.OwnerRef(route.Namespace, route.Name)
 	fields := map[string]string{}
-	for _, k := range compiler.OutputKeys(compilerRoute(route)) {
+	for _, k := range compiler.OutputKeysFor(compilerRoute(route), true) {
 		fields[k.ConfigMap+"|"+k.Key] = k.Field
 	}
 	adopt := route.Annotations[AdoptForeignKeysAnnotation] == "true"

@@ -12,11 +12,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
@@ -171,7 +173,16 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) 
 	if compile == nil {
 		compile = compiler.Compile
 	}
-	res, err := compile(compilerRoute(st.spec), st.snap, r.CompileOptions)
+	opts := r.CompileOptions
+	if !opts.DynamicPeers {
+		dyn, err := r.dynamicPeers(ctx, st.spec)
+		if err != nil {
+			st.block(ReasonRetrying, err.Error(), true)
+			return false
+		}
+		opts.DynamicPeers = dyn
+	}
+	res, err := compile(compilerRoute(st.spec), st.snap, opts)
 	if errors.Is(err, compiler.ErrNoBackends) {
 		st.block(ReasonNoBackends, err.Error(), true)
 		return false
@@ -189,6 +200,27 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) 
 	}
 	markDegraded(st.route, skipped)
 	return true
+}
+
+// dynamicPeers reports whether the route's nginx output ConfigMap declares
+// that its engine takes peers dynamically (peers.Annotation "true"): then
+// the route file leaves the peers to the peers table key. A ConfigMap
+// that does not exist declares nothing (the write reports it missing).
+func (r *Reconciler) dynamicPeers(ctx context.Context, route *v1alpha1.ModelRoute) (bool, error) {
+	ref := route.Spec.Nginx.OutputConfigMap
+	if ref == "" {
+		return false, nil
+	}
+	ns, name := routespec.SplitRef(ref, route.Namespace)
+	meta := &metav1.PartialObjectMetadata{}
+	meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, meta); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("read ConfigMap %s/%s for its %s annotation: %w", ns, name, peers.Annotation, err)
+	}
+	return meta.GetAnnotations()[peers.Annotation] == "true", nil
 }
 
 // skipDetail adds what the cluster says about a skipped tier's Service.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -286,7 +287,7 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 // configMapHandler re-renders routes on output ConfigMap events (metadata
 // only: the controller does not cache ConfigMaps, see sink's content.go):
 // all referencing routes when it appears, disappears or its
-// allowed-route-namespaces annotation changes; otherwise the routes waiting
+// allowed-route-namespaces or dynamic-peers annotation changes; otherwise the routes waiting
 // on it (too large, a key held by another) and the routes whose own keys
 // changed — someone edited them, or the CART chart changed the base config
 // — which the writer tells (Seen: our own writes it knows, another
@@ -307,7 +308,8 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			all(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			if e.ObjectOld.GetAnnotations()[sink.AllowedNamespacesAnnotation] != e.ObjectNew.GetAnnotations()[sink.AllowedNamespacesAnnotation] {
+			if e.ObjectOld.GetAnnotations()[sink.AllowedNamespacesAnnotation] != e.ObjectNew.GetAnnotations()[sink.AllowedNamespacesAnnotation] ||
+				e.ObjectOld.GetAnnotations()[peers.Annotation] != e.ObjectNew.GetAnnotations()[peers.Annotation] {
 				all(ctx, e.ObjectNew, q)
 				return
 			}
