@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/testbin"
@@ -52,6 +54,14 @@ const appliedNS = "llm"
 // startAppliedEnv starts it; debounce is openresty-0's sidecar's --debounce.
 func startAppliedEnv(t testing.TB, debounce string) *appliedEnv {
 	t.Helper()
+	return startAppliedEnvWith(t, debounce, false)
+}
+
+// startAppliedEnvWith is startAppliedEnv; with dynamic the routes
+// ConfigMap declares dynamic peers and openresty-0 runs the shipped
+// nginx.conf (whose engine listens on the control socket).
+func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEnv {
+	t.Helper()
 	const ns = appliedNS
 	_, cfg := testenv.Start(t)
 	sch := k8sruntime.NewScheme()
@@ -63,7 +73,11 @@ func startAppliedEnv(t testing.TB, debounce string) *appliedEnv {
 	kubeconfig := writeKubeconfig(t, cfg.Host, cfg.CAData, cfg.CertData, cfg.KeyData)
 
 	must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes"}}))
+	var cmAnnotations map[string]string
+	if dynamic {
+		cmAnnotations = map[string]string{peers.Annotation: "true"}
+	}
+	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes", Annotations: cmAnnotations}}))
 	for _, svc := range []string{"qwen", "openresty"} {
 		must(t, k8s.Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc},
@@ -112,7 +126,11 @@ func startAppliedEnv(t testing.TB, debounce string) *appliedEnv {
 	root, err := testenv.ModuleRoot()
 	must(t, err)
 	dir0 := t.TempDir()
-	n0 := nginxtest.Start(t, nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")})
+	opts := nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")}
+	if dynamic {
+		opts = nginxtest.Options{RoutesDir: dir0, Reference: true}
+	}
+	n0 := nginxtest.Start(t, opts)
 	s0 := startSidecar(t, "--configmap", ns+"/routes", "--write-dir", dir0, "--kubeconfig", kubeconfig,
 		"--process", n0.MasterMatch(), "--sock-dir", n0.SockDir(), "--check-cmd", checkCmd(n0),
 		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", debounce)
@@ -264,18 +282,32 @@ func writeKubeconfig(t testing.TB, host string, ca, cert, key []byte) string {
 }
 
 // BenchmarkEndpointChangeToServed: an EndpointSlice change of the route's
-// backends, timed to the controller's write of the route file into the
-// ConfigMap (write) and to openresty-0 reporting that it serves that file
-// (served: the sidecar saw it, waited its debounce, ran nginx -t, reloaded
-// nginx and recorded the new content on its pod). p50/p99 over b.N changes.
-// The sidecar runs with --debounce 100ms.
+// backends, timed to the controller's write of the changed key into the
+// ConfigMap (write) and to openresty-0 reporting that it serves that
+// content (served). p50/p99 over b.N changes. The sidecar runs with
+// --debounce 100ms. Without dynamic peers the changed key is the route
+// file (the sidecar saw it, waited its debounce, ran nginx -t, reloaded
+// nginx and recorded the new content on its pod); with dynamic peers
+// (peers=N: the routes ConfigMap declares them, N backends) it is the
+// peers table, pushed into the running engine and acknowledged.
 func BenchmarkEndpointChangeToServed(b *testing.B) {
-	e := startAppliedEnv(b, "100ms")
+	b.Run("reload", func(b *testing.B) { benchEndpointChange(b, false, 1) })
+	for _, n := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("dynamic/peers=%d", n), func(b *testing.B) { benchEndpointChange(b, true, n) })
+	}
+}
+
+func benchEndpointChange(b *testing.B, dynamic bool, peersN int) {
+	e := startAppliedEnvWith(b, "100ms", dynamic)
 	ctx := context.Background()
+	key := appliedKey
+	if dynamic {
+		key = peers.Key("qwen")
+	}
 	cm := func() string {
 		var c corev1.ConfigMap
 		must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
-		return c.Data[appliedKey]
+		return c.Data[key]
 	}
 	served := func() string {
 		var p corev1.Pod
@@ -284,7 +316,7 @@ func BenchmarkEndpointChangeToServed(b *testing.B) {
 		if err != nil {
 			return ""
 		}
-		return r.Keys[appliedKey]
+		return r.Keys[key]
 	}
 	poll := func(what string, cond func() bool) time.Time {
 		deadline := time.Now().Add(wait)
@@ -296,14 +328,24 @@ func BenchmarkEndpointChangeToServed(b *testing.B) {
 		}
 		return time.Now()
 	}
+	base := make([]string, 0, peersN)
+	for i := range peersN - 1 {
+		base = append(base, fmt.Sprintf("10.2.%d.%d", i/250, 1+i%250))
+	}
+	quote := func(ip string) string {
+		if dynamic {
+			return `"host":"` + ip + `"`
+		}
+		return `"` + ip + `"`
+	}
 	var writes, serves []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
 		ip := fmt.Sprintf("10.1.%d.%d", 1+i/250, 1+i%250)
 		start := time.Now()
-		e.backends("10.1.0.1", ip)
+		e.backends(append(slices.Clone(base), ip)...)
 		var content string
-		wrote := poll("the route file with "+ip, func() bool { content = cm(); return strings.Contains(content, `"`+ip+`"`) })
+		wrote := poll("the changed key with "+ip, func() bool { content = cm(); return strings.Contains(content, quote(ip)) })
 		id := servedpkg.ID([]byte(content))
 		done := poll("openresty-0 to serve it", func() bool { return served() == id })
 		writes, serves = append(writes, wrote.Sub(start)), append(serves, done.Sub(start))
