@@ -174,17 +174,38 @@ local function hexify(v)
   return out
 end
 
+-- Key strings of a peer, made once per peer object (weak keys: a table
+-- swap drops the old objects' entries with them). The pick looks at every
+-- peer of a tier on every request; building its keys there each time cost
+-- more than the dict reads.
+local KEYS = setmetatable({}, { __mode = "k" })
+
+local function keys(t, p)
+  local k = KEYS[p]
+  if k == nil or k.use ~= t.use then
+    k = { use = t.use, id = t.use .. "|" .. p.host .. "|" .. p.port }
+    KEYS[p] = k
+  end
+  return k
+end
+
 -- ident names a peer by tier use and address: the peer's identity for
 -- its state keys, a request's tried set and a table change (two tables
 -- that list the same use, host and port list the same peer).
 local function ident(t, p)
-  return t.use .. "|" .. p.host .. "|" .. p.port
+  return keys(t, p).id
 end
 
 -- peer key in the store: kind and identity, so the state stays right
 -- across reloads and peers-table changes that reorder or change the peers.
 local function pkey(kind, t, p)
-  return kind .. "|" .. ident(t, p)
+  local k = keys(t, p)
+  local s = k[kind]
+  if s == nil then
+    s = kind .. "|" .. k.id
+    k[kind] = s
+  end
+  return s
 end
 
 -- The kinds of per-peer state: active requests, consecutive failures,
@@ -258,12 +279,12 @@ end
 
 -- build makes the engine's tiers of a checked table: the same shape
 -- register_route receives (max_concurrency 0 and an empty probe_path are
--- absent), the identities of its peers, their count, and whether a tier
--- has a probe path.
+-- absent; the decoded peer objects are used as they are), the identities
+-- of its peers, their count, and whether a tier has a probe path.
 local function build(t)
   local tiers, members, n, has_probe = {}, {}, 0, false
   for i, tr in ipairs(t.tiers) do
-    local x = { use = tr.use, priority = tr.priority, peers = {} }
+    local x = { use = tr.use, priority = tr.priority, peers = tr.peers }
     if tr.max_concurrency and tr.max_concurrency > 0 then
       x.max_concurrency = tr.max_concurrency
     end
@@ -271,9 +292,7 @@ local function build(t)
       x.probe_path = tr.probe_path
       has_probe = true
     end
-    for j, p in ipairs(tr.peers) do
-      local q = { host = p.host, port = p.port }
-      x.peers[j] = q
+    for _, q in ipairs(x.peers) do
       members[ident(x, q)] = true
     end
     n = n + #x.peers
@@ -430,20 +449,28 @@ local function sync(r)
   if v == r.version then
     return
   end
+  -- Only checked tables are stored (a push's, a seed's): decoded, not
+  -- checked again (the check costs a quarter of the decode).
   local text = dict:get(K_TABLE)
-  local t, err
+  local ok, tiers, members, npeers, has_probe
   if text == nil then
-    err = "version " .. tostring(v) .. " stored without a table"
+    tiers = "version " .. tostring(v) .. " stored without a table"
   else
-    t, err = decode_table(text, r.name)
+    local t, err = cjson.decode(text)
+    if type(t) ~= "table" or t.route ~= r.name then
+      tiers = "not a table of this route: " .. tostring(err)
+    else
+      ok, tiers, members, npeers, has_probe = pcall(build, t)
+    end
   end
-  if not t then
+  if not ok then
     -- Keep the tiers held; do not decode again until the version changes.
-    ngx.log(ngx.ERR, "route ", r.name, ": peers table: ", err, "; keeping version ", tostring(r.version))
+    ngx.log(ngx.ERR, "route ", r.name, ": peers table version ", tostring(v), ": ", tostring(tiers),
+      "; keeping version ", tostring(r.version))
     r.version = v
     return
   end
-  r.tiers, r.members, r.npeers, r.has_probe = build(t)
+  r.tiers, r.members, r.npeers, r.has_probe = tiers, members, npeers, has_probe
   r.version = v
 end
 
@@ -469,7 +496,7 @@ local function best_in_tier(r, t, tried, ignore_out)
     local p = t.peers[pi]
     if not tried[ident(t, p)] and (ignore_out or not out_of_pick(r, t, p)) then
       local a = active(r, t, p)
-      local free = has_slot(r, t, p)
+      local free = t.max_concurrency == nil or a < t.max_concurrency
       if not best or (free and not best_free) or (free == best_free and a < best_active) then
         best, best_free, best_active = p, free, a
       end
@@ -502,8 +529,11 @@ local function pick(r, tried)
       end
       local bt, bp, bfree, bactive
       local cart = false
-      for k = i, j do
-        local t = tiers[k]
+      -- Ties go to the first tier looked at: a group starts its look at a
+      -- rotating tier.
+      local gs = j - i + 1
+      for m = 0, gs - 1 do
+        local t = tiers[i + (r.rr + m) % gs]
         local p, free, a = best_in_tier(r, t, tried, pass == 2)
         if p and (not bp or (free and not bfree) or (free == bfree and a < bactive)) then
           bt, bp, bfree, bactive = t, p, free, a
