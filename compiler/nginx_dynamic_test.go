@@ -523,6 +523,88 @@ func TestNginxDynamicStreams(t *testing.T) {
 	}
 }
 
+// TestNginxDynamicProbe: a tier with a probe_path that appears in a
+// pushed table starts the health probes (the route registered without
+// one); a peer failing its probe leaves the pick.
+func TestNginxDynamicProbe(t *testing.T) {
+	n := startDynamic(t)
+	installDynamic(t, n, "prb", dynamicLLMConf(t, n, llmRoute("prb", map[string]string{"health_probe_interval_seconds": "1"}, backendTier)))
+	c := controlClient(n)
+	health := func(name string, code int) *backend {
+		return newBackend(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/health" {
+				w.WriteHeader(code)
+			}
+			io.WriteString(w, name)
+		})
+	}
+	good, sick := health("good", 200), health("sick", 500)
+
+	t1, b1 := table(t, "prb", backendPeers(peerOf(t, good), peerOf(t, sick)))
+	push(t, c, t1, b1, 1)
+	if fails, bodies := hammer(t, n.URL("prb")+"v1/chat", 40); fails != 0 || bodies["good"] == 0 || bodies["sick"] == 0 {
+		t.Fatalf("no probe path: %d failures, %v; want both serving", fails, bodies)
+	}
+	tier := backendPeers(peerOf(t, good), peerOf(t, sick))
+	tier.ProbePath = "/health"
+	t2, b2 := table(t, "prb", tier)
+	push(t, c, t2, b2, 2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := 0
+		for _, s := range everyWorker(t, n, "prb") {
+			if p, _ := s.peer("backend", peerOf(t, sick)); !p.Healthy {
+				out++
+			}
+		}
+		if out == len(n.WorkerPIDs()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sick peer never failed a probe (probe path pushed in a table)")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if fails, bodies := hammer(t, n.URL("prb")+"v1/chat", 40); fails != 0 || bodies["good"] != 40 {
+		t.Errorf("sick peer unhealthy: %d failures, %v; want only good", fails, bodies)
+	}
+	if r := sick.last(); r == nil || r.URL.Path != "/health" || r.Header.Get("User-Agent") != "autoconfig-router-probe" {
+		t.Errorf("sick peer's last request %v, want a probe", r)
+	}
+}
+
+// TestNginxDynamicAdmission: a pushed tier's max_concurrency is the
+// admission limit (503 + Retry-After when every peer is full), and a
+// table without a peer answers 503.
+func TestNginxDynamicAdmission(t *testing.T) {
+	n := startDynamic(t)
+	installDynamic(t, n, "adm", dynamicLLMConf(t, n, llmRoute("adm", nil, backendTier)))
+	c := controlClient(n)
+	one := newStreamBackend(t, "one")
+	tier := backendPeers(peerOf(t, one.backend))
+	tier.MaxConcurrency = 1
+	t1, b1 := table(t, "adm", tier)
+	push(t, c, t1, b1, 1)
+	held := stream(n.URL("adm") + "stream")
+	waitStarted(t, one)
+	if code, body, h := do(t, nil, "GET", n.URL("adm")+"v1/chat", nil, ""); code != 503 || h.Get("Retry-After") != "1" || !strings.Contains(body, "max_concurrency") {
+		t.Errorf("second request with max_concurrency 1: %d %q, want 503 Retry-After 1", code, body)
+	}
+	close(one.release)
+	if got := <-held; got != "one begin\none end\n" {
+		t.Errorf("held stream: %q", got)
+	}
+	if code, body, _ := do(t, nil, "GET", n.URL("adm")+"v1/chat", nil, ""); code != 200 || body != "one" {
+		t.Errorf("after the stream ended: %d %q", code, body)
+	}
+
+	t2, b2 := table(t, "adm", backendPeers())
+	push(t, c, t2, b2, 2)
+	if code, body, _ := do(t, nil, "GET", n.URL("adm")+"v1/chat", nil, ""); code != 503 || !strings.Contains(body, "has no peer") {
+		t.Errorf("table without a peer: %d %q, want 503", code, body)
+	}
+}
+
 // TestNginxDynamicSeed: a fresh nginx serves the seed file
 // peers_<route>.json; a push replaces it, a reload (init_by_lua runs
 // again, the dict stays) keeps the push, and a restart (the dict is lost)
