@@ -53,6 +53,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload"
 )
 
@@ -105,6 +106,8 @@ type Options struct {
 	// prefix need changed: load_module lines, daemon off, temp paths, and
 	// the openresty paths rewritten to the prefix (sockets, routes, logs),
 	// to deploy/openresty/lua (lua_package_path) and to a loopback port.
+	// The engine's control socket is ControlSockPath and its seed files
+	// (peers_<route>.json) are read from RoutesDir.
 	// LuaPackagePath and MainConfig are ignored; HTTPConfig is inserted at
 	// the top of http{}.
 	Reference bool
@@ -291,6 +294,8 @@ func (n *Nginx) referenceConfig() ([]byte, error) {
 		{"include conf.d/routes/*.conf;", "include " + n.routesDir + "/*.conf;"},
 		{"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", n.port)},
 		{"http://unix:" + openresty + "sock/", "http://unix:" + n.sockDir + "/"},
+		{"listen unix:" + openresty + "sock/" + ControlSocket + ";", "listen unix:" + n.ControlSockPath() + ";"},
+		{`peers_dir = "` + openresty + `conf/conf.d/routes"`, `peers_dir = "` + n.routesDir + `"`},
 	} {
 		if c := strings.Count(conf, r[0]); c != 1 {
 			return nil, fmt.Errorf("%s: %q occurs %d times, want once", path, r[0], c)
@@ -405,6 +410,13 @@ func (n *Nginx) SockDir() string { return n.sockDir }
 
 // SockPath is the socket a route's server must listen on.
 func (n *Nginx) SockPath(route string) string { return filepath.Join(n.sockDir, route+".sock") }
+
+// ControlSocket is the file name of the reference engine's control
+// socket in the sock dir (deploy/openresty/nginx.conf; peers.ControlSocket).
+const ControlSocket = peers.ControlSocket
+
+// ControlSockPath is the reference engine's control socket (Options.Reference).
+func (n *Nginx) ControlSockPath() string { return filepath.Join(n.sockDir, ControlSocket) }
 
 // RoutesDir is the directory whose *.conf files are included in http{}.
 func (n *Nginx) RoutesDir() string { return n.routesDir }

@@ -99,7 +99,7 @@ func (r *Reloader) controlClient() *http.Client {
 // nextSerial is a push serial larger than every earlier one of this
 // sidecar and, through the clock, of an earlier sidecar of this pod.
 func (r *Reloader) nextSerial() int64 {
-	s := max(r.Now().UnixNano(), r.serial+1)
+	s := max(r.Now().UnixMilli(), r.serial+1)
 	r.serial = s
 	return s
 }
