@@ -317,3 +317,26 @@ func (r *Reloader) repushAll(ctx context.Context) {
 	r.repush = false
 	r.Log.Info("peers tables pushed to the engine", "tables", len(keys))
 }
+
+// peersOnlyDesired reports, in API mode with the engine on its control
+// socket, whether the desired content differs from what is applied in
+// peers tables only (changed, never added or removed).
+func (r *Reloader) peersOnlyDesired() bool {
+	if r.Source == nil || r.SockDir == "" {
+		return false
+	}
+	desired, _, ok := r.Source.Desired()
+	if !ok || len(desired) != len(r.applied) {
+		return false
+	}
+	changed := changedKeys(r.applied, desired)
+	if len(changed) == 0 {
+		return false
+	}
+	for _, k := range changed {
+		if _, in := r.applied[k]; !in || !peers.IsKey(k) {
+			return false
+		}
+	}
+	return r.takesPeers()
+}

@@ -283,6 +283,15 @@ func (r *Reloader) Run(ctx context.Context) error {
 			settle()
 		case <-changes:
 			r.Log.Debug("configmap content changed")
+			if r.peersOnlyDesired() {
+				// Only peers tables: a push costs a millisecond and
+				// needs no check, so it does not wait for quiet.
+				if pending.IsZero() {
+					pending = time.Now()
+				}
+				timer.Reset(0)
+				continue
+			}
 			settle()
 		case <-resync.C:
 			// A lost event, a refused content worth another try, a
