@@ -96,4 +96,3 @@ func TestDynamicPeersFollowTheConfigMapAnnotation(t *testing.T) {
 		return !a && !b, "keys still there"
 	})
 }
-
