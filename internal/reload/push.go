@@ -105,22 +105,37 @@ func (r *Reloader) nextSerial() int64 {
 }
 
 // push sends one table to the engine and returns the version it accepted.
+// An engine holding a higher serial (pushed by this pod's previous sidecar,
+// whose serials ran ahead of the clock) refuses with 409 and names it: the
+// push is retried once above it.
 func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error) {
 	t, err := peers.Parse(content)
 	if err != nil {
 		return t, err
 	}
+	var stored int64
+	if err := r.pushOnce(ctx, t, content, &stored); !errors.Is(err, errOlderSerial) {
+		return t, err
+	}
+	r.serial = max(r.serial, stored)
+	return t, r.pushOnce(ctx, t, content, nil)
+}
+
+// errOlderSerial: the engine holds a table with a higher serial.
+var errOlderSerial = errors.New("the engine holds a newer serial")
+
+func (r *Reloader) pushOnce(ctx context.Context, t peers.Table, content []byte, stored *int64) error {
 	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://engine/peers/"+url.PathEscape(t.Route), bytes.NewReader(content))
 	if err != nil {
-		return t, err
+		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(peers.SerialHeader, strconv.FormatInt(r.nextSerial(), 10))
 	resp, err := r.controlClient().Do(req)
 	if err != nil {
-		return t, fmt.Errorf("push %s: %w", t.Route, err)
+		return fmt.Errorf("push %s: %w", t.Route, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -128,17 +143,20 @@ func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error
 	_ = json.Unmarshal(body, &a)
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
-		return t, fmt.Errorf("push %s: %w", t.Route, errNoRoute)
+		return fmt.Errorf("push %s: %w", t.Route, errNoRoute)
+	case resp.StatusCode == http.StatusConflict && stored != nil && a.Serial > 0:
+		*stored = a.Serial
+		return errOlderSerial
 	case resp.StatusCode != http.StatusOK:
 		msg := a.Error
 		if msg == "" {
 			msg = string(bytes.TrimSpace(body))
 		}
-		return t, fmt.Errorf("push %s: %w (%s): %s", t.Route, errRefused, resp.Status, msg)
+		return fmt.Errorf("push %s: %w (%s): %s", t.Route, errRefused, resp.Status, msg)
 	case a.Version != t.Version:
-		return t, fmt.Errorf("push %s: %w: it acknowledged version %q, not %q", t.Route, errRefused, a.Version, t.Version)
+		return fmt.Errorf("push %s: %w: it acknowledged version %q, not %q", t.Route, errRefused, a.Version, t.Version)
 	}
-	return t, nil
+	return nil
 }
 
 // readKey reads key from the first watched directory holding it and

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ type fakeEngine struct {
 	tables map[string]peers.Table
 	pushes []string // route@version, in order
 	refuse map[string]int
+	serial int64 // highest serial stored (one for all routes here)
 }
 
 func startFakeEngine(t *testing.T, sockDir string) *fakeEngine {
@@ -54,10 +56,17 @@ func (e *fakeEngine) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	tab, err := peers.Parse(b)
-	if err != nil || tab.Route != route || req.Header.Get(peers.SerialHeader) == "" {
+	serial, serr := strconv.ParseInt(req.Header.Get(peers.SerialHeader), 10, 64)
+	if err != nil || tab.Route != route || serr != nil || serial > 1<<53 {
 		http.Error(w, "bad table", http.StatusBadRequest)
 		return
 	}
+	if serial < e.serial {
+		w.WriteHeader(http.StatusConflict)
+		json.NewEncoder(w).Encode(map[string]any{"error": "older serial", "serial": e.serial})
+		return
+	}
+	e.serial = serial
 	e.tables[route] = tab
 	e.pushes = append(e.pushes, route+"@"+tab.Version)
 	json.NewEncoder(w).Encode(map[string]any{"route": route, "version": tab.Version, "peers": tab.Peers()})
@@ -206,4 +215,22 @@ func TestNoControlSocketReloads(t *testing.T) {
 	f1, _ := dynFiles(t, "conf\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
 	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+}
+
+// TestPushAboveANewerSerial: an engine holding a serial above this
+// sidecar's clock (the previous sidecar of the pod pushed many tables in
+// one millisecond) refuses the push with 409 naming its serial; the
+// sidecar pushes again above it, and the table is taken.
+func TestPushAboveANewerSerial(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f0, v0 := dynFiles(t, "conf\n", "10.0.0.1")
+	reloadtest.KubeletSwap(t, dir, f0)
+	eng := startFakeEngine(t, sock)
+	eng.mu.Lock()
+	eng.serial = time.Now().Add(time.Hour).UnixMilli()
+	eng.mu.Unlock()
+	name := uniqueName("nginx-like")
+	reloadtest.StartHUPCounter(t, name)
+	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
+	reloadtest.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
 }
