@@ -18,12 +18,20 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/endpoints"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	servedpkg "github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // peerBackend is one backend pod: it answers its own name, and on
@@ -361,6 +369,22 @@ func TestDynamicPeersNoReload(t *testing.T) {
 			t.Fatalf("after a restart: %d %q, want a peer of the last table", code, body)
 		}
 	}
+	// The sidecar sees the new master and pushes every table to it.
+	for _, r := range []string{"chat", "vid"} {
+		want := tableVersion(t, files[peers.Key(r)])
+		reloadtest.WaitFor(t, wait, "the push of "+r+" to the new master", func() bool {
+			resp, err := ctl.Get("http://engine/peers/" + r)
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var a struct {
+				Version string `json:"version"`
+				Serial  int64  `json:"serial"`
+			}
+			return json.NewDecoder(resp.Body).Decode(&a) == nil && a.Version == want && a.Serial > 0
+		})
+	}
 }
 
 // BenchmarkDynamicPeersMounted: mounted mode (kubelet-style volume, the
@@ -420,4 +444,61 @@ func BenchmarkDynamicPeersMounted(b *testing.B) {
 			reportLatencies(b, ds)
 		})
 	}
+}
+
+// TestAppliedDynamicPeers: API mode end to end with dynamic peers (the
+// controller on a real API server, the sidecar reading the ConfigMap, the
+// shipped nginx.conf): a scale-out reaches openresty-0 as a push — its
+// served report names the new peers table with how "push" and the route's
+// Applied condition is True 1/1 again — while nginx is not reloaded and
+// its route file is unchanged.
+func TestAppliedDynamicPeers(t *testing.T) {
+	e := startAppliedEnvWith(t, "100ms", true)
+	ctx := context.Background()
+	key := peers.Key("qwen")
+	report := func() servedpkg.Report {
+		var p corev1.Pod
+		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+		r, _ := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
+		return r
+	}
+	cm := func() map[string]string {
+		var c corev1.ConfigMap
+		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		return c.Data
+	}
+	reloadtest.WaitFor(t, wait, "openresty-0 to serve the first table", func() bool {
+		d := cm()
+		return d[key] != "" && report().Keys[key] == servedpkg.ID([]byte(d[key]))
+	})
+	conf := cm()[appliedKey]
+	if !strings.Contains(conf, "register_dynamic_route") {
+		t.Fatalf("the route file is not dynamic:\n%s", conf)
+	}
+	reloads := e.s0.count("result=success")
+	e.backends("10.1.0.1", "10.1.0.2", "10.1.0.3")
+	reloadtest.WaitFor(t, wait, "openresty-0 to serve the scaled-out table", func() bool {
+		d := cm()
+		r := report()
+		return strings.Contains(d[key], `"10.1.0.3"`) && r.Keys[key] == servedpkg.ID([]byte(d[key])) && r.How == servedpkg.HowPush
+	})
+	tab, err := peers.Parse([]byte(cm()[key]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := report().Peers["qwen"]; got != tab.Version {
+		t.Fatalf("the report names version %q, the table is %q", got, tab.Version)
+	}
+	if cm()[appliedKey] != conf {
+		t.Fatal("the route file changed with the endpoints")
+	}
+	if n := e.s0.count("result=success"); n != reloads {
+		t.Fatalf("%d reloads for a scale-out, want none", n-reloads)
+	}
+	reloadtest.WaitFor(t, wait, "Applied True 1/1", func() bool {
+		var rt v1alpha1.ModelRoute
+		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
+		c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
+		return c != nil && c.Status == metav1.ConditionTrue && rt.Status.Synced == "1/1"
+	})
 }
