@@ -57,18 +57,7 @@ type clusterKey struct{}
 // script ends the harness checks that everything listable in that cluster
 // is the script's own (ownedOnly).
 func TestClusterScripts(t *testing.T) {
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := charttest.Render(charttest.Path(root), "ac", "autoconfig-system", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := rel.Find("ClusterRole", "", "ac-autoconfig-diff")
-	if role == nil {
-		t.Fatal("the chart renders no ac-autoconfig-diff ClusterRole")
-	}
+	role := diffRole(t)
 	var (
 		mu      sync.Mutex
 		servers = map[string]string{} // API server host -> script
@@ -131,6 +120,24 @@ func TestClusterScripts(t *testing.T) {
 			},
 		},
 	})
+}
+
+// diffRole is the chart's read-only <release>-diff ClusterRole.
+func diffRole(t *testing.T) *unstructured.Unstructured {
+	t.Helper()
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := charttest.Render(charttest.Path(root), "ac", "autoconfig-system", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := rel.Find("ClusterRole", "", "ac-autoconfig-diff")
+	if role == nil {
+		t.Fatal("the chart renders no ac-autoconfig-diff ClusterRole")
+	}
+	return role
 }
 
 // scriptFiles lists dir's scripts in name order, or in reverse order with
@@ -319,15 +326,7 @@ func systemNamespace(ns string) bool {
 // not apply (what a shared API server would show it), and passes on the
 // script's own.
 func TestClusterScriptOwnershipCheck(t *testing.T) {
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := charttest.Render(charttest.Path(root), "ac", "autoconfig-system", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc, err := startScriptCluster(rel.Find("ClusterRole", "", "ac-autoconfig-diff"), t.TempDir())
+	sc, err := startScriptCluster(diffRole(t), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

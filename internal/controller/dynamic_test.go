@@ -58,14 +58,7 @@ func TestDynamicPeersFollowTheConfigMapAnnotation(t *testing.T) {
 	}
 
 	// The consumer no longer declares it: static file, no table.
-	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var cm corev1.ConfigMap
-		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "routes"}, &cm); err != nil {
-			return err
-		}
-		delete(cm.Annotations, peers.Annotation)
-		return k8s.Update(context.Background(), &cm)
-	}))
+	declareDynamic(t, ns, "routes", false)
 	waitKey(t, ns, "routes", routeKey("dyn"), []string{host("10.40.0.4"), "register_route"}, []string{"register_dynamic_route"})
 	eventually(t, "the peers table removed", func() (bool, string) {
 		_, ok := cmKey(t, ns, "routes", peers.Key("dyn"))
@@ -73,17 +66,7 @@ func TestDynamicPeersFollowTheConfigMapAnnotation(t *testing.T) {
 	})
 
 	// Declared again, then the route is deleted: both keys go.
-	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var cm corev1.ConfigMap
-		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "routes"}, &cm); err != nil {
-			return err
-		}
-		if cm.Annotations == nil {
-			cm.Annotations = map[string]string{}
-		}
-		cm.Annotations[peers.Annotation] = "true"
-		return k8s.Update(context.Background(), &cm)
-	}))
+	declareDynamic(t, ns, "routes", true)
 	waitKey(t, ns, "routes", peers.Key("dyn"), []string{`"host":"10.40.0.4"`}, nil)
 	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "dyn")))
 	eventually(t, "both keys removed", func() (bool, string) {
@@ -95,4 +78,25 @@ func TestDynamicPeersFollowTheConfigMapAnnotation(t *testing.T) {
 		_, b := cm.Data[peers.Key("dyn")]
 		return !a && !b, "keys still there"
 	})
+}
+
+// declareDynamic sets or removes the dynamic-peers annotation of a
+// ConfigMap, as the consumer's chart would.
+func declareDynamic(t *testing.T, ns, name string, on bool) {
+	t.Helper()
+	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cm corev1.ConfigMap
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &cm); err != nil {
+			return err
+		}
+		if on {
+			if cm.Annotations == nil {
+				cm.Annotations = map[string]string{}
+			}
+			cm.Annotations[peers.Annotation] = "true"
+		} else {
+			delete(cm.Annotations, peers.Annotation)
+		}
+		return k8s.Update(context.Background(), &cm)
+	}))
 }
