@@ -88,8 +88,12 @@ func (r *Reloader) controlClient() *http.Client {
 					var d net.Dialer
 					return d.DialContext(ctx, "unix", path)
 				},
-				MaxIdleConns:    4,
-				IdleConnTimeout: 30 * time.Second,
+				// A connection kept from before a reload is served by an
+				// old worker, whose lua state predates the reload and knows
+				// no route it added: the push after a reload got 404 and
+				// forced a second reload (measured). A unix connect costs
+				// microseconds; every push takes a new one.
+				DisableKeepAlives: true,
 			},
 		}
 	}
@@ -114,12 +118,34 @@ func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error
 		return t, err
 	}
 	var stored int64
-	if err := r.pushOnce(ctx, t, content, &stored); !errors.Is(err, errOlderSerial) {
+	err = r.pushOnce(ctx, t, content, &stored)
+	// Right after a reload a worker of the old generation may still take
+	// the connection (it closes its listeners only when it gets to its
+	// shutdown), and its lua state predates the reload's new routes
+	// (measured: a 404 9 ms after the new workers were seen). Ask again
+	// for a moment before concluding the engine lacks the route.
+	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && r.Now().Sub(r.reloadedAt) < noRouteWindow; i++ {
+		select {
+		case <-ctx.Done():
+			return t, err
+		case <-time.After(noRouteBackoff):
+		}
+		err = r.pushOnce(ctx, t, content, &stored)
+	}
+	if !errors.Is(err, errOlderSerial) {
 		return t, err
 	}
 	r.serial = max(r.serial, stored)
 	return t, r.pushOnce(ctx, t, content, nil)
 }
+
+// A push answered 404 within noRouteWindow of a reload is retried every
+// noRouteBackoff, noRouteRetries times at most.
+const (
+	noRouteWindow  = 5 * time.Second
+	noRouteBackoff = 20 * time.Millisecond
+	noRouteRetries = 25
+)
 
 // errOlderSerial: the engine holds a table with a higher serial.
 var errOlderSerial = errors.New("the engine holds a newer serial")

@@ -119,6 +119,7 @@ type Reloader struct {
 	accepted   map[string]string // route → peers version the engine acknowledged
 	repush     bool              // a new target master: push every table again
 	serial     int64             // last push serial
+	reloadedAt time.Time         // last verified reload (the old workers may still accept for a moment)
 	control    *http.Client      // to the engine's control socket
 }
 
@@ -382,6 +383,7 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 		}
 		r.loadedKeys = keys
 		r.loaded = snap.Fingerprint
+		r.reloadedAt = r.Now()
 		if sk, ok := r.pushAll(ctx, snap); sk != nil {
 			r.loadedKeys = sk
 			if !ok {
