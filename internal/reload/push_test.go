@@ -26,11 +26,14 @@ type fakeEngine struct {
 	pushes []string // route@version, in order
 	refuse map[string]int
 	serial int64 // highest serial stored (one for all routes here)
+	// notFound answers the next pushes of a route 404 (a worker of the
+	// old generation, which does not know the route yet).
+	notFound map[string]int
 }
 
 func startFakeEngine(t *testing.T, sockDir string) *fakeEngine {
 	t.Helper()
-	e := &fakeEngine{tables: map[string]peers.Table{}, refuse: map[string]int{}}
+	e := &fakeEngine{tables: map[string]peers.Table{}, refuse: map[string]int{}, notFound: map[string]int{}}
 	l, err := net.Listen("unix", filepath.Join(sockDir, peers.ControlSocket))
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +53,11 @@ func (e *fakeEngine) serve(w http.ResponseWriter, req *http.Request) {
 	b, _ := io.ReadAll(req.Body)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.notFound[route] > 0 {
+		e.notFound[route]--
+		http.Error(w, "no such route", http.StatusNotFound)
+		return
+	}
 	if code := e.refuse[route]; code != 0 {
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(map[string]string{"error": "refused by the test"})
@@ -233,4 +241,32 @@ func TestPushAboveANewerSerial(t *testing.T) {
 	reloadtest.StartHUPCounter(t, name)
 	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
 	reloadtest.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
+}
+
+// TestPushAfterReloadAsksAgain: right after a reload the engine may answer
+// a push 404 for a route the reload added (an old worker took the
+// connection); the sidecar asks again instead of reloading a second time.
+func TestPushAfterReloadAsksAgain(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f0, v0 := dynFiles(t, "conf 1\n", "10.0.0.1")
+	reloadtest.KubeletSwap(t, dir, f0)
+	eng := startFakeEngine(t, sock)
+	name := uniqueName("nginx-like")
+	target := reloadtest.StartHUPCounter(t, name)
+	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
+	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+
+	eng.mu.Lock()
+	eng.notFound["r"] = 3
+	eng.mu.Unlock()
+	f1, v1 := dynFiles(t, "conf 2\n", "10.0.0.2")
+	reloadtest.KubeletSwap(t, dir, f1)
+	reloadtest.WaitFor(t, wait, "the push after the reload", func() bool { return eng.version("r") == v1 })
+	// A later peers-only change is pushed, and nothing reloads again.
+	f2, v2 := dynFiles(t, "conf 2\n", "10.0.0.3")
+	reloadtest.KubeletSwap(t, dir, f2)
+	reloadtest.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
+	if n := target.Count(); n != 1 {
+		t.Fatalf("%d signals, want 1 (the route file change)", n)
+	}
 }
