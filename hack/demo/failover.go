@@ -58,6 +58,11 @@ func (d *demo) failover(ctx context.Context) error {
 	u.SetGroupVersionKind(modelRouteGVK)
 	u.SetNamespace(routeNS)
 	u.SetName(llmRoute)
+	// The workers serving before the reload: until they are gone, one of
+	// them may still accept a new connection (nginx closes an old
+	// worker's listeners only when it gets to its shutdown) and serve it
+	// with the old file's single try (a rare failed request in CI).
+	oldWorkers := d.nginx.WorkerPIDs()
 	start := time.Now()
 	if err := d.c.Patch(ctx, u, patch); err != nil {
 		return fmt.Errorf("set failureMode on %s: %w", llmRoute, err)
@@ -70,6 +75,9 @@ func (d *demo) failover(ctx context.Context) error {
 		return err == nil && st.Options["failure_mode"] == "FailOpen", nil
 	}); err != nil {
 		return err
+	}
+	if err := d.nginx.WaitWorkersGone(ctx, oldWorkers); err != nil {
+		return fmt.Errorf("the workers of the previous route file did not exit: %w", err)
 	}
 	var opts []string
 	for _, k := range []string{"failure_mode", "retry_on", "max_tries", "eject_consecutive_connect_failures", "max_ejection_percent", "ejection_seconds"} {
