@@ -219,21 +219,24 @@ func compileFromCluster(ctx context.Context, o *compileOptions, c *cli.Call) ([]
 	for _, w := range p.Warnings {
 		fmt.Fprintf(c.Stderr, "autoconfig compile: warning: %s\n", w)
 	}
-	if len(p.Problems) > 0 && len(p.Outputs) == 0 {
+	var out []compiled
+	for _, po := range p.Outputs {
+		switch {
+		case po.Removed:
+			continue
+		case len(po.Refused) > 0:
+			for _, rf := range po.Refused {
+				fmt.Fprintf(c.Stderr, "autoconfig compile: %s: %s/%s: the controller would not write it: %s\n", p.Route, po.ConfigMap, po.Key, rf)
+			}
+			continue
+		}
+		out = append(out, compiled{ConfigMap: po.ConfigMap, Key: po.Key, Content: string(po.Rendered)})
+	}
+	if len(out) == 0 && len(p.Problems) > 0 {
 		for _, pr := range p.Problems {
 			fmt.Fprintf(c.Stderr, "autoconfig compile: %s: not ready, the controller writes nothing: %s\n", p.Route, pr)
 		}
 		return nil, cli.ExitCode(1)
-	}
-	var out []compiled
-	for _, po := range p.Outputs {
-		if po.Removed {
-			continue
-		}
-		if po.Err != nil {
-			return nil, fmt.Errorf("%s/%s: %w", po.ConfigMap, po.Key, po.Err)
-		}
-		out = append(out, compiled{ConfigMap: po.ConfigMap, Key: po.Key, Content: string(po.Rendered)})
 	}
 	return out, nil
 }

@@ -32,6 +32,7 @@ type clusterOptions struct {
 	allNamespaces bool
 	files         []string
 	trusted       []string
+	watched       []string
 	sockDir       string
 	dynamicPeers  bool
 }
@@ -46,6 +47,7 @@ func (o *clusterOptions) addFlags(fs *pflag.FlagSet, withFile bool) {
 		fs.StringArrayVarP(&o.files, "file", "f", nil, "ModelRoute YAML `FILE` not applied yet (- for stdin; repeatable): previewed as if applied")
 	}
 	fs.StringSliceVar(&o.trusted, "trusted-namespace", nil, "the controller's --trusted-namespace values (grants are checked as the controller checks them)")
+	fs.StringSliceVar(&o.watched, "watch-namespace", nil, "the controller's --namespace values (Helm value watchNamespaces; default: all): a route that references another namespace is reported as the controller reports it")
 	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "directory of the per-route unix sockets in the openresty image (the controller's --sock-dir)")
 	fs.BoolVar(&o.dynamicPeers, "dynamic-peers", false, "render as if the routes ConfigMap declared "+peers.Annotation+": \"true\": the route file holds no peers, they go to the key peers_<route>.json")
 }
@@ -185,7 +187,7 @@ func (o *clusterOptions) previews(ctx context.Context, names []string, stdin io.
 	if err != nil {
 		return nil, err
 	}
-	pv := controller.NewPreviewer(c, v, o.compileOptions(), o.trusted)
+	pv := controller.NewPreviewer(c, v, o.compileOptions(), o.watched, o.trusted)
 	var out []*controller.Preview
 	for _, rt := range routes {
 		p, err := pv.Preview(ctx, rt)
@@ -213,20 +215,26 @@ func diffCommand() *cli.Command {
 		Use:   "diff [NAME ...] [-n NS | -A | -f FILE] [-o text|json|yaml] [--dynamic-peers]",
 		Short: "show what the controller would change in the live ConfigMaps",
 		Long: `
-Builds each route's endpoint snapshot from the live cluster exactly as the
-controller does (the same validation, grants, discovery and compiler code,
-with the controller's field indexes evaluated client-side), renders it, and
-prints a unified diff of every output ConfigMap key against its live
-content. Nothing is written: the command needs only read access (get/list
-on modelroutes, services, endpointslices, pods, nodes and configmaps; the
-chart's <release>-diff ClusterRole).
+Runs the controller's own reconcile steps for each route against the live
+cluster (the same validation, namespace scope, grants, discovery, compiler
+and write guards, with the controller's field indexes evaluated
+client-side), with a writer that reads the live ConfigMaps instead of
+patching them, and says per output key what the controller would do:
+write it (a unified diff against the live content on stdout), remove it,
+leave it unchanged, or refuse it. A refusal is printed to stderr with the
+reason and message the controller would put in the route's Ready condition
+(the owner of a conflicting key, the grant to add, the size, the namespace
+to watch). Nothing is written: the command needs only read access
+(get/list on modelroutes, services, endpointslices, pods, nodes and
+configmaps; the chart's <release>-diff ClusterRole).
+
+Give it the controller's --namespace (as --watch-namespace) and
+--trusted-namespace values so that it judges as that controller does.
 
 Routes: the NAMEs in -n NS; every route of NS without NAMEs; every route
 with -A; or the routes of -f FILE (not yet applied; a route of the same name
 in the cluster lends its status, so keys it would stop rendering show as
-removed). What keeps a route from Ready (no backends, a missing Service, an
-ungranted namespace) is printed to stderr: the controller then writes
-nothing, so there is no diff for that route.
+removed).
 
 With --dynamic-peers every route renders as if its routes ConfigMap
 declared routing.modelsphere.dev/dynamic-peers: "true" (the consumer's
@@ -234,8 +242,14 @@ engine takes peers without a reload): the route file holds no peers and
 each route has a second key, peers_<route>.json, in that ConfigMap
 (docs/outputs.md, "Dynamic peers").
 
-Exit status: 0 no difference, 1 differences, 2 error (an invalid route, an
-unreachable cluster, a missing route).
+Exit status:
+  0  the controller would change nothing and refuse nothing (every route Ready)
+  1  it would write or remove keys, and refuse nothing
+  2  error (an invalid route, an unreachable cluster, a missing route)
+  3  it would refuse or hold back at least one key or route (Ready=False:
+     a key owned by another route or written by hand, a ConfigMap that
+     does not grant the route's namespace, no backends, ...); the changes
+     it would still make are printed too
 `,
 		Options: o,
 		Args:    cobra.ArbitraryArgs,
@@ -243,8 +257,8 @@ unreachable cluster, a missing route).
 			if err := o.validate(c.Args); err != nil {
 				return &cli.UsageError{Err: err}
 			}
-			// diff's exit status 1 means "differences": every error,
-			// whatever its kind, is 2.
+			// diff's exit status 1 means "differences" and 3 "refused":
+			// every error, whatever its kind, is 2.
 			err := runDiff(ctx, o, c)
 			var code cli.ExitCode
 			if err != nil && !errors.As(err, &code) {
@@ -278,15 +292,30 @@ func (o *diffOptions) Validate() error {
 type diffKey struct {
 	ConfigMap string `json:"configMap"`
 	Key       string `json:"key"`
-	// Change is "create", "update", "remove", "none" or "error".
+	// Change is "create", "update", "remove", "none" or "refused".
 	Change string `json:"change"`
 	Diff   string `json:"diff,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Refused are the reasons the controller would not write the key.
+	Refused []diffRefusal `json:"refused,omitempty"`
+}
+
+// diffRefusal is one reason in -o json: as the Ready condition says it.
+type diffRefusal struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// diffReady is the Ready condition the controller would set.
+type diffReady struct {
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // diffRoute is one route in -o json.
 type diffRoute struct {
 	Route    string    `json:"route"`
+	Ready    diffReady `json:"ready"`
 	Keys     []diffKey `json:"keys"`
 	Problems []string  `json:"problems,omitempty"`
 	Warnings []string  `json:"warnings,omitempty"`
@@ -297,15 +326,20 @@ func runDiff(ctx context.Context, o *diffOptions, c *cli.Call) error {
 	if err != nil {
 		return err
 	}
-	changed := false
+	changed, refused := false, false
 	var routes []diffRoute
 	for _, p := range ps {
-		dr := diffRoute{Route: p.Route, Problems: p.Problems, Warnings: p.Warnings}
+		dr := diffRoute{Route: p.Route, Problems: p.Problems, Warnings: p.Warnings,
+			Ready: diffReady{Status: string(p.Ready.Status), Reason: p.Ready.Reason, Message: p.Ready.Message}}
+		refused = refused || len(p.Problems) > 0
 		for _, out := range p.Outputs {
 			k := diffKey{ConfigMap: out.ConfigMap, Key: out.Key, Change: "none"}
 			switch {
-			case out.Err != nil:
-				k.Change, k.Error = "error", out.Err.Error()
+			case len(out.Refused) > 0:
+				k.Change = "refused"
+				for _, rf := range out.Refused {
+					k.Refused = append(k.Refused, diffRefusal{Reason: rf.Reason, Message: rf.Message})
+				}
 			case out.Changed():
 				changed = true
 				k.Change = "update"
@@ -329,18 +363,27 @@ func runDiff(ctx context.Context, o *diffOptions, c *cli.Call) error {
 			for _, w := range r.Warnings {
 				fmt.Fprintf(c.Stderr, "autoconfig diff: %s: warning: %s\n", r.Route, w)
 			}
-			for _, p := range r.Problems {
-				fmt.Fprintf(c.Stderr, "autoconfig diff: %s: not ready: %s\n", r.Route, p)
-			}
+			listed := map[string]bool{}
 			for _, k := range r.Keys {
-				if k.Error != "" {
-					fmt.Fprintf(c.Stderr, "autoconfig diff: %s: %s/%s: not rendered: %s\n", r.Route, k.ConfigMap, k.Key, k.Error)
+				for _, rf := range k.Refused {
+					listed[rf.Reason+rf.Message] = true
+					fmt.Fprintf(c.Stderr, "autoconfig diff: %s: %s/%s: not written: %s: %s\n", r.Route, k.ConfigMap, k.Key, rf.Reason, rf.Message)
 				}
 				io.WriteString(c.Stdout, k.Diff)
 			}
+			// What holds the route back beyond its keys (nothing listed
+			// for a key: e.g. an unwatched namespace's ConfigMap).
+			for _, p := range r.Problems {
+				if reason, msg, _ := strings.Cut(p, ": "); !listed[reason+msg] {
+					fmt.Fprintf(c.Stderr, "autoconfig diff: %s: not ready: %s\n", r.Route, p)
+				}
+			}
 		}
 	}
-	if changed {
+	switch {
+	case refused:
+		return cli.ExitCode(3)
+	case changed:
 		return cli.ExitCode(1)
 	}
 	return nil

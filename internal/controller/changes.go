@@ -138,7 +138,7 @@ func (r *Reconciler) reportChanges(st *state, outcomes []sink.Outcome) {
 	changeToWrite.Observe(now.Sub(st.started).Seconds())
 	routeLastWrite.WithLabelValues(key.Namespace, key.Name).Set(float64(now.Unix()))
 	backends := endpointSet(st.snap.Backends)
-	added, removed, first, event, suppressed := r.changes.record(key, backends, now)
+	added, removed, first, event, suppressed := r.Routes.changes.record(key, backends, now)
 	what := "first write since the controller started"
 	if !first {
 		what = fmt.Sprintf("backends added [%s], removed [%s]", strings.Join(added, " "), strings.Join(removed, " "))

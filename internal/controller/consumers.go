@@ -134,7 +134,15 @@ func (r *Reconciler) watches(ns string) bool {
 // each consumer pod (consumerGroups) and each of the route's keys in its
 // group's output ConfigMap, whether the pod's served report names the
 // content the route last wrote there.
-func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
+func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) (bool, error) {
+	if r.preview {
+		return false, nil // reports the consumers, writes nothing
+	}
+	return false, r.consumerStatus(ctx, st)
+}
+
+// consumerStatus is reconcileConsumers' work.
+func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 	route := st.route
 	key := client.ObjectKeyFromObject(route)
 	log := ctrl.LoggerFrom(ctx)
@@ -158,7 +166,7 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 		}
 		groups = append(groups, g.String())
 		ids := map[string]string{}
-		for k, sum := range r.owned.sumsIn(key, g.configMap) {
+		for k, sum := range r.Routes.rendered.sumsIn(key, g.configMap) {
 			ids[k] = served.IDOfSum(sum)
 			current[g.configMap+"\x00"+k] = ids[k]
 		}
@@ -180,7 +188,7 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 				}
 				return fmt.Errorf("get consumer pod %s: %w", p, err)
 			}
-			rep, has, err := r.reports.of(&pod)
+			rep, has, err := r.Routes.reports.of(&pod)
 			if err != nil {
 				log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
 			}
@@ -216,10 +224,10 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 	})
 	route.Status.Consumers = consumers
 	if len(groups) == 0 {
-		r.applied.forget(key) // nothing tracked: no series, no clock
+		r.Routes.applied.forget(key) // nothing tracked: no series, no clock
 	} else {
-		r.applied.setCounts(key, counts)
-		r.applied.changed(key, current, st.started)
+		r.Routes.applied.setCounts(key, counts)
+		r.Routes.applied.changed(key, current, st.started)
 	}
 	slices.Sort(keysAll)
 	keysAll = slices.Compact(keysAll)
@@ -251,7 +259,7 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) error {
 		route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
 		setCondition(route, TypeApplied, metav1.ConditionTrue, ReasonSynced, fmt.Sprintf(
 			"%d/%d consumer pods of %s serve the current %s%s", synced, tracked, strings.Join(groups, ", "), strings.Join(keysAll, ", "), extra))
-		r.applied.converged(key, current, time.Now())
+		r.Routes.applied.converged(key, current, time.Now())
 	}
 	return nil
 }
@@ -392,7 +400,7 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 					if g.service != sl.Items[i].Namespace+"/"+svc {
 						continue
 					}
-					if keys != nil && !slices.ContainsFunc(r.owned.keysIn(k, g.configMap), func(key string) bool { return keys[key] }) {
+					if keys != nil && !slices.ContainsFunc(r.Routes.rendered.keysIn(k, g.configMap), func(key string) bool { return keys[key] }) {
 						continue
 					}
 					seen[k] = true

@@ -15,14 +15,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,20 +74,35 @@ type Reconciler struct {
 	// and ConfigMaps in any namespace without a grant on them
 	// (--trusted-namespace: the platform team's central route namespace).
 	TrustedNamespaces []string
+	// Routes is what the controller remembers of its routes between
+	// reconciles (nil = a new one).
+	Routes *RouteState
 
 	// PodCacheIdle is how long a namespace's pod cache outlives its last
 	// selector route (0 = DefaultPodCacheIdle).
 	PodCacheIdle time.Duration
 
+	// out writes (or, previewing, pretends to write) the routes' keys.
+	out OutputWriter
+	// preview: the reconcile only looks (Preview): nothing is created,
+	// changed or reported as changed.
+	preview bool
+
 	discovery *discovery.Reader
 	pods      *podCaches
-	applied   appliedTracker
-	reports   reportCache
-	changes   changeLog
-	writer    *sink.Writer
-	specs     specCache
-	owned     ownership
-	waiting   waitSet
+	// sink is out when it is the real writer (ConfigMap events ask it
+	// what changed).
+	sink      *sink.Writer
+	cmChanges *configMapChanges
+}
+
+// OutputWriter is how the reconcile changes the consumers' ConfigMaps:
+// sink.Writer writes, sink.DryRun reads the live content and runs the same
+// guards (grant, the key guard, size) without writing (Preview).
+type OutputWriter interface {
+	ApplyRecorded(ctx context.Context, routeNS string, outputs []compiler.Output, guard sink.Guard, record func(cm string, sums map[string]sink.Sum)) ([]sink.Outcome, error)
+	Remove(ctx context.Context, routeNS string, keys map[string][]string, guard sink.Guard) ([]sink.Outcome, error)
+	Check(ctx context.Context, routeNS string, keys map[string][]string, guard sink.Guard) ([]sink.Outcome, error)
 }
 
 // state is one reconcile's working set, passed along the steps.
@@ -104,17 +115,68 @@ type state struct {
 	// fallback is the VIP of the route's owned fallback Service (FailOpen
 	// with selector discovery), fed into the snapshot's backend-svc tier.
 	fallback *compiler.ServiceVIP
+	// unwatched are the namespaces the route references that the
+	// controller does not watch (checkNamespaces).
+	unwatched map[string]bool
+	// noRender: a step found that nothing can be rendered now (an
+	// unwatched namespace, an ungranted Service, no backends, a failed
+	// compile): the later render steps pass, and the outputs step only
+	// checks what the ConfigMaps hold in the route's way.
+	noRender bool
+	// written and removed are what the outputs step's writes came to.
+	written, removed []sink.Outcome
 	// problems keep the route from Ready; a reconcile collects every one
 	// it can see before it reports (report).
 	problems []problem
+	// previewWarnings are what a preview cannot know before the
+	// controller acts (e.g. the VIP of a Service it would create).
+	previewWarnings []string
 }
 
-// Reconcile implements reconcile.Reconciler.
+// step is one stage of the reconcile. It reads and updates st; stop ends
+// the reconcile early (the step has set the status), an error ends it
+// too (the workqueue retries, unless it is terminal).
+type step struct {
+	name string
+	run  func(context.Context, *state) (stop bool, err error)
+}
+
+// steps are the reconcile's stages in order. Reconcile runs them between
+// the finalizer and the status patch; Preview runs the same list with the
+// dry-run writer.
+func (r *Reconciler) steps() []step {
+	return []step{
+		{"validate spec", r.reconcileSpec},
+		{"fallback Service", r.reconcileFallback},
+		{"watched namespaces", r.checkNamespaces},
+		{"Service grants", r.checkServiceGrants},
+		{"discovery", r.reconcileDiscovery},
+		{"compile", r.reconcileCompile},
+		{"outputs", r.reconcileOutputs},
+		{"consumers", r.reconcileConsumers},
+	}
+}
+
+// runSteps runs the steps over st, then sets Ready from the problems they
+// collected.
+func (r *Reconciler) runSteps(ctx context.Context, st *state) error {
+	for _, s := range r.steps() {
+		stop, err := s.run(ctx, st)
+		if err != nil || stop {
+			return err
+		}
+	}
+	report(st)
+	return nil
+}
+
+// Reconcile implements reconcile.Reconciler: get → finalizer → deferred
+// status patch → steps → report.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
 	route := &v1alpha1.ModelRoute{}
 	if err := r.Client.Get(ctx, req.NamespacedName, route); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forget(req.NamespacedName)
+			r.Routes.Forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("get route: %w", err)
@@ -125,51 +187,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	if err := r.ensureFinalizer(ctx, route); err != nil {
 		return ctrl.Result{}, err
 	}
-
 	orig := route.DeepCopy()
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
-
-	st := &state{route: route, started: time.Now()}
-	if done, err := r.reconcileSpec(ctx, st); err != nil || done {
-		return ctrl.Result{}, err
-	}
-	if _, err := r.reconcileFallback(ctx, st); err != nil {
-		return ctrl.Result{}, err
-	}
-	// Every problem in the route's way is collected before it reports:
-	// unwatched namespaces, a missing Service, no backends, and what the
-	// output ConfigMaps say (checked without writing when there is
-	// nothing to write).
-	unwatched := r.checkNamespaces(st)
-	compiled := false
-	granted := len(unwatched) == 0
-	if granted {
-		var err error
-		if granted, err = r.checkServiceGrants(ctx, st); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
-	if granted {
-		found, err := r.reconcileDiscovery(ctx, st)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		compiled = found && r.reconcileCompile(ctx, st)
-	}
-	var err error
-	if compiled {
-		err = r.reconcileOutputs(ctx, st)
-	} else {
-		err = r.checkOutputs(ctx, st, unwatched)
-	}
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if err := r.reconcileConsumers(ctx, st); err != nil {
-		return ctrl.Result{}, err
-	}
-	report(st)
-	return ctrl.Result{}, nil
+	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now()})
 }
 
 // patchStatus writes status once, only when it changed, and emits an event
@@ -235,140 +255,3 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 	return nil
 }
 
-// forget drops what the reconciler remembers about a route that is gone.
-func (r *Reconciler) forget(key types.NamespacedName) {
-	r.applied.forget(key)
-	r.changes.forget(key)
-	forgetRouteSeries(key.Namespace, key.Name)
-	r.owned.set(key, nil)
-	r.waiting.set(key, nil)
-	r.specs.forgetName(key)
-}
-
-// ownership remembers the keys each route last rendered (ConfigMap →
-// keys), so a ConfigMap event re-renders only the routes whose keys
-// changed, and keys a route stops rendering (renamed route, moved output)
-// are removed.
-type ownership struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]map[string][]string
-	// sums: what each of the route's keys held after its last write
-	// ("ns/name\x00key" → SHA-256), so the event of its own write is not
-	// taken for a change.
-	sums map[types.NamespacedName]map[string]sink.Sum
-}
-
-// setSums records what the route's keys in cm hold (or are about to hold)
-// after a write.
-func (o *ownership) setSums(key types.NamespacedName, cm string, sums map[string]sink.Sum) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.sums == nil {
-		o.sums = map[types.NamespacedName]map[string]sink.Sum{}
-	}
-	m := o.sums[key]
-	if m == nil {
-		m = map[string]sink.Sum{}
-		o.sums[key] = m
-	}
-	for k := range m {
-		if strings.HasPrefix(k, cm+"\x00") {
-			delete(m, k)
-		}
-	}
-	for k, s := range sums {
-		m[cm+"\x00"+k] = s
-	}
-}
-
-// sumsIn are the Sums of the route's keys in cm as last decided.
-func (o *ownership) sumsIn(key types.NamespacedName, cm string) map[string]sink.Sum {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	out := map[string]sink.Sum{}
-	for k, s := range o.sums[key] {
-		if c, name, ok := strings.Cut(k, "\x00"); ok && c == cm {
-			out[name] = s
-		}
-	}
-	return out
-}
-
-// keysIn are the route's keys in cm.
-func (o *ownership) keysIn(key types.NamespacedName, cm string) []string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return slices.Clone(o.m[key][cm])
-}
-
-// ownValue reports whether value is what the route itself last left in
-// cm's key.
-func (o *ownership) ownValue(key types.NamespacedName, cm, k, value string) bool {
-	o.mu.Lock()
-	s, ok := o.sums[key][cm+"\x00"+k]
-	o.mu.Unlock()
-	return ok && s == sink.SumOf(value)
-}
-
-func (o *ownership) get(key types.NamespacedName) (map[string][]string, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	v, ok := o.m[key]
-	return v, ok
-}
-
-func (o *ownership) set(key types.NamespacedName, v map[string][]string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if v == nil {
-		delete(o.m, key)
-		delete(o.sums, key)
-		return
-	}
-	if o.m == nil {
-		o.m = map[types.NamespacedName]map[string][]string{}
-	}
-	o.m[key] = v
-}
-
-// waitSet remembers the routes that wait on a ConfigMap's content without
-// owning a key that changes (too large, a key held by another route or by
-// hand), so any change to that ConfigMap re-renders them.
-type waitSet struct {
-	mu sync.Mutex
-	m  map[string]map[types.NamespacedName]bool // ConfigMap ns/name → routes
-}
-
-// set makes route wait on exactly cms.
-func (w *waitSet) set(route types.NamespacedName, cms []string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for cm, routes := range w.m {
-		if routes[route] && !slices.Contains(cms, cm) {
-			delete(routes, route)
-			if len(routes) == 0 {
-				delete(w.m, cm)
-			}
-		}
-	}
-	for _, cm := range cms {
-		if w.m == nil {
-			w.m = map[string]map[types.NamespacedName]bool{}
-		}
-		if w.m[cm] == nil {
-			w.m[cm] = map[types.NamespacedName]bool{}
-		}
-		w.m[cm][route] = true
-	}
-}
-
-// on lists the routes waiting on cm.
-func (w *waitSet) on(cm string) []types.NamespacedName {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make([]types.NamespacedName, 0, len(w.m[cm]))
-	for r := range w.m[cm] {
-		out = append(out, r)
-	}
-	return out
-}

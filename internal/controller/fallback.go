@@ -138,6 +138,11 @@ func fallbackSelector(s string) (map[string]string, error) {
 // it runs before discovery so a switch away from FailOpen cleans up even
 // while the route has no backends.
 func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, error) {
+	if r.preview {
+		vip, err := r.previewFallback(ctx, st)
+		st.fallback = vip
+		return false, err
+	}
 	vip, err := r.reconcileFallbackService(ctx, st.route, st.spec)
 	st.fallback = vip
 	return false, err

@@ -7,6 +7,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,8 +23,12 @@ import (
 
 // reconcileOutputs writes the outputs the route may write (writeGuard),
 // removes keys it no longer renders (only ones with its own mark) and
-// records what it holds and what is in its way.
-func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
+// records what it holds and what is in its way. With nothing to render it
+// only checks (checkOutputs).
+func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, error) {
+	if st.noRender {
+		return false, r.checkOutputs(ctx, st)
+	}
 	key := client.ObjectKeyFromObject(st.route)
 	guard := r.writeGuard(ctx, st.route) // before status.outputs changes below
 	st.result.Outputs = r.dropUnsafeMonitor(ctx, st, st.result.Outputs)
@@ -31,7 +36,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	for _, o := range st.result.Outputs {
 		now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
 	}
-	prev, known := r.owned.get(key)
+	prev, known := r.Routes.rendered.get(key)
 	if !known && len(st.route.Status.Outputs) > 0 {
 		// First reconcile in this process: what an earlier one wrote is in
 		// status (the spec may have changed while no controller ran).
@@ -41,37 +46,43 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 	// failed write or removal leaves them listed, in memory and in
 	// status, for the next attempt.
 	pending := unionKeys(prev, now)
-	r.owned.set(key, pending)
+	r.Routes.rendered.set(key, pending)
 	st.route.Status.Outputs = statusOutputs(unionKeys(ownedFromStatus(st.route.Status.Outputs), now))
 
-	outcomes, err := r.writer.ApplyRecorded(ctx, st.route.Namespace, st.result.Outputs, guard,
-		func(cm string, sums map[string]sink.Sum) { r.owned.setSums(key, cm, sums) })
+	outcomes, err := r.out.ApplyRecorded(ctx, st.route.Namespace, st.result.Outputs, guard,
+		func(cm string, sums map[string]sink.Sum) { r.Routes.rendered.setSums(key, cm, sums) })
 	if err != nil {
-		return fmt.Errorf("write outputs: %w", err)
+		return false, fmt.Errorf("write outputs: %w", err)
 	}
+	st.written = outcomes
 	log := ctrl.LoggerFrom(ctx)
-	blocked := 0
-	for _, o := range outcomes {
-		configMapWrites.WithLabelValues(string(o.State)).Inc()
-		blocked += len(o.Blocked)
+	if !r.preview {
+		blocked := 0
+		for _, o := range outcomes {
+			configMapWrites.WithLabelValues(string(o.State)).Inc()
+			blocked += len(o.Blocked)
+		}
+		routeBlockedKeys.WithLabelValues(st.route.Namespace, st.route.Name).Set(float64(blocked))
+		r.reportChanges(st, outcomes)
 	}
-	routeBlockedKeys.WithLabelValues(st.route.Namespace, st.route.Name).Set(float64(blocked))
-	r.reportChanges(st, outcomes)
 	if known {
 		if stale := staleKeys(prev, now); len(stale) > 0 {
-			res, err := r.writer.Remove(ctx, st.route.Namespace, stale, removeGuard(st.route))
+			res, err := r.out.Remove(ctx, st.route.Namespace, stale, removeGuard(st.route))
 			if err != nil {
-				return fmt.Errorf("remove keys no longer rendered: %w", err)
+				return false, fmt.Errorf("remove keys no longer rendered: %w", err)
 			}
-			log.Info("removed keys the route no longer renders", "keys", stale, "outcomes", fmt.Sprint(res))
+			st.removed = res
+			if !r.preview {
+				log.Info("removed keys the route no longer renders", "keys", stale, "outcomes", fmt.Sprint(res))
+			}
 		}
 	}
-	r.owned.set(key, now)
+	r.Routes.rendered.set(key, now)
 	st.route.Status.Outputs = statusOutputs(heldKeys(outcomes))
 	if r.outcomeProblems(st, outcomes) {
 		st.route.Status.Backends = int32(len(st.snap.Backends))
 	}
-	return nil
+	return false, nil
 }
 
 // checkOutputs reports, without writing, what the output ConfigMaps hold
@@ -79,15 +90,15 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) error {
 // backends, a missing Service, an unwatched namespace): every problem is
 // reported at once. ConfigMaps in unwatched namespaces are skipped (they
 // are reported already).
-func (r *Reconciler) checkOutputs(ctx context.Context, st *state, unwatched map[string]bool) error {
+func (r *Reconciler) checkOutputs(ctx context.Context, st *state) error {
 	r.dropUnsafeMonitor(ctx, st, nil) // only its problem: nothing is written here
 	keys := map[string][]string{}
 	for _, k := range compiler.OutputKeys(compilerRoute(st.route)) {
-		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !unwatched[ns] {
+		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !st.unwatched[ns] {
 			keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
 		}
 	}
-	outcomes, err := r.writer.Check(ctx, st.route.Namespace, keys, r.writeGuard(ctx, st.route))
+	outcomes, err := r.out.Check(ctx, st.route.Namespace, keys, r.writeGuard(ctx, st.route))
 	if err != nil {
 		return fmt.Errorf("check outputs: %w", err)
 	}
@@ -111,14 +122,25 @@ func heldKeys(outcomes []sink.Outcome) map[string][]string {
 	return out
 }
 
-// outcomeProblems records the problems of the per-ConfigMap outcomes and
-// which ConfigMaps the route waits on; written reports whether any output
-// holds the current render.
+// outcomeProblems records the problems of the per-ConfigMap outcomes, each
+// scoped to the ConfigMaps or keys it holds back, and which ConfigMaps the
+// route waits on; written reports whether any output holds the current
+// render.
 func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (written bool) {
-	var missing, forbidden, failed, tooLarge, rejected, conflicts, foreign, waitOn, rbac []string
+	var missing, forbidden, failed, waitOn []string
+	var failedMsgs []string
 	for _, o := range outcomes {
-		c, f := keyProblems(o.Blocked)
-		conflicts, foreign = append(conflicts, c...), append(foreign, f...)
+		for _, b := range o.Blocked {
+			at := o.ConfigMap + "|" + b.Key
+			var ce *ConflictError
+			var fe *ForeignError
+			switch {
+			case errors.As(b.Err, &ce):
+				st.blockAt(ReasonOutputConflict, ce.Error(), false, at)
+			case errors.As(b.Err, &fe):
+				st.blockAt(ReasonOutputKeyForeign, fe.Error(), false, at)
+			}
+		}
 		if len(o.Blocked) > 0 {
 			waitOn = append(waitOn, o.ConfigMap)
 		}
@@ -130,48 +152,34 @@ func (r *Reconciler) outcomeProblems(st *state, outcomes []sink.Outcome) (writte
 		case sink.NotPermitted:
 			forbidden = append(forbidden, o.ConfigMap)
 		case sink.RenderFailed:
-			failed = append(failed, o.String())
+			failed = append(failed, o.ConfigMap)
+			failedMsgs = append(failedMsgs, o.String())
 		case sink.Forbidden:
 			ns, _, _ := strings.Cut(o.ConfigMap, "/")
-			rbac = append(rbac, fmt.Sprintf(
+			st.blockAt(ReasonOutputForbidden, fmt.Sprintf(
 				"the API server does not let the controller write ConfigMap %s (%v): grant its service account get and patch on configmaps in namespace %s (the Helm chart does for the namespaces in watchNamespaces, or cluster-wide when that is empty)",
-				o.ConfigMap, o.Err, ns))
+				o.ConfigMap, o.Err, ns), false, o.ConfigMap)
 		case sink.TooLarge:
-			tooLarge = append(tooLarge, o.Err.Error())
+			st.blockAt(ReasonOutputTooLarge, o.Err.Error(), false, o.ConfigMap)
 			waitOn = append(waitOn, o.ConfigMap)
 		case sink.Rejected:
-			rejected = append(rejected, fmt.Sprintf("the API server refused the write of ConfigMap %s as invalid (%v); nothing was written, and the same write is not sent again until the spec or that ConfigMap changes", o.ConfigMap, o.Err))
+			st.blockAt(ReasonOutputRejected, fmt.Sprintf("the API server refused the write of ConfigMap %s as invalid (%v); nothing was written, and the same write is not sent again until the spec or that ConfigMap changes", o.ConfigMap, o.Err), false, o.ConfigMap)
 			waitOn = append(waitOn, o.ConfigMap)
 		}
 	}
-	r.waiting.set(client.ObjectKeyFromObject(st.route), waitOn)
+	r.Routes.waiting.set(client.ObjectKeyFromObject(st.route), waitOn)
 	if len(forbidden) > 0 {
-		st.block(ReasonNotPermitted, fmt.Sprintf(
+		st.blockAt(ReasonNotPermitted, fmt.Sprintf(
 			"ConfigMap %s is in another namespace and does not allow routes from %q: add %q to its annotation %s (or \"*\"), or run the route in a namespace the controller trusts (--trusted-namespace, Helm value trustedNamespaces); nothing was written there",
-			strings.Join(forbidden, ", "), st.route.Namespace, st.route.Namespace, sink.AllowedNamespacesAnnotation), false)
+			strings.Join(forbidden, ", "), st.route.Namespace, st.route.Namespace, sink.AllowedNamespacesAnnotation), false, forbidden...)
 	}
 	if len(missing) > 0 {
-		st.block(ReasonOutputConfigMapMissing, fmt.Sprintf(
+		st.blockAt(ReasonOutputConfigMapMissing, fmt.Sprintf(
 			"ConfigMap %s does not exist; autoconfig never creates ConfigMaps (the consumer's chart does) and writes as soon as it appears",
-			strings.Join(missing, ", ")), false)
-	}
-	for _, m := range rbac {
-		st.block(ReasonOutputForbidden, m, false)
-	}
-	for _, m := range conflicts {
-		st.block(ReasonOutputConflict, m, false)
-	}
-	for _, m := range foreign {
-		st.block(ReasonOutputKeyForeign, m, false)
-	}
-	for _, m := range tooLarge {
-		st.block(ReasonOutputTooLarge, m, false)
-	}
-	for _, m := range rejected {
-		st.block(ReasonOutputRejected, m, false)
+			strings.Join(missing, ", ")), false, missing...)
 	}
 	if len(failed) > 0 {
-		st.block(ReasonRenderFailed, strings.Join(failed, "; "), false)
+		st.blockAt(ReasonRenderFailed, strings.Join(failedMsgs, "; "), false, failed...)
 	}
 	return written
 }
@@ -190,9 +198,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	keys := routeKeys(route)
 	// Also what this process or, across restarts, status says the route
 	// wrote: the spec may name other keys by now.
-	prev, _ := r.owned.get(key)
+	prev, _ := r.Routes.rendered.get(key)
 	keys = unionKeys(keys, staleKeys(unionKeys(prev, ownedFromStatus(route.Status.Outputs)), keys))
-	outcomes, err := r.writer.Remove(ctx, route.Namespace, keys, removeGuard(route))
+	outcomes, err := r.out.Remove(ctx, route.Namespace, keys, removeGuard(route))
 	if err != nil {
 		return fmt.Errorf("remove route keys: %w", err)
 	}
@@ -205,7 +213,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	if err := r.Client.Patch(ctx, route, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
 	}
-	r.forget(key)
+	r.Routes.Forget(key)
 	return nil
 }
 

@@ -12,7 +12,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -95,9 +94,9 @@ func (r *Reconciler) dropUnsafeMonitor(ctx context.Context, st *state, outputs [
 		return outputs
 	}
 	key := compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))
-	st.block(ReasonMonitorInNginxConfigMap, fmt.Sprintf(
+	st.blockAt(ReasonMonitorInNginxConfigMap, fmt.Sprintf(
 		"spec.monitor.outputConfigMap %s is the nginx output ConfigMap of ModelRoute %s: openresty includes every *.conf key there, so the monitor file %s would be loaded as nginx configuration; nothing is written there (and a monitor file written earlier is removed): write the monitor lines to the monitoring agent's own ConfigMap",
-		cm, user, key), false)
+		cm, user, key), false, cm+"|"+key)
 	return slices.DeleteFunc(slices.Clone(outputs), func(o compiler.Output) bool { return o.ConfigMap == cm && o.Key == key })
 }
 
@@ -244,19 +243,4 @@ func older(a, b *v1alpha1.ModelRoute) bool {
 		return ta.Before(tb)
 	}
 	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
-}
-
-// keyProblems sorts blocked keys into conflicts and foreign keys.
-func keyProblems(blocked []sink.KeyError) (conflicts, foreign []string) {
-	for _, b := range blocked {
-		var ce *ConflictError
-		var fe *ForeignError
-		switch {
-		case errors.As(b.Err, &ce):
-			conflicts = append(conflicts, ce.Error())
-		case errors.As(b.Err, &fe):
-			foreign = append(foreign, fe.Error())
-		}
-	}
-	return conflicts, foreign
 }

@@ -15,30 +15,43 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// Preview is what the controller would do with one route now.
+// Preview is what the controller would do with one route now: the same
+// reconcile steps (Reconciler.steps) run with the dry-run writer.
 type Preview struct {
 	// Route is "namespace/name".
 	Route string
 	// Outputs are the keys the route renders, then the keys it holds
 	// (status.outputs) and would remove, in the order the controller
-	// handles them.
+	// handles them; each says what the controller would do with it.
 	Outputs []PreviewOutput
+	// Ready is the Ready condition the controller would set.
+	Ready metav1.Condition
 	// Problems keep the route from Ready ("Reason: message"), as its
-	// Ready condition would say. With any of them but a blocked key the
-	// controller writes nothing and Outputs is empty.
+	// Ready condition would list them.
 	Problems []string
 	// Warnings are the compiler's (e.g. a skipped peer tier) and the
 	// preview's own (what it cannot know before the controller acts).
 	Warnings []string
 }
+
+// Refusal is why the controller would not write a key: the reason and
+// message of the problem it would report in the route's Ready condition.
+type Refusal struct {
+	Reason, Message string
+}
+
+func (r Refusal) String() string { return r.Reason + ": " + r.Message }
 
 // PreviewOutput is one ConfigMap key: what it holds now and what the
 // controller would leave in it.
@@ -50,20 +63,20 @@ type PreviewOutput struct {
 	Live       []byte
 	LiveExists bool
 	// Rendered is the content the controller would write; nil with
-	// Removed or Err.
+	// Removed or Refused.
 	Rendered []byte
 	// Removed: the route holds the key and no longer renders it; the
 	// controller removes it.
 	Removed bool
-	// Err: the output cannot be rendered against the live content (e.g.
-	// the CART base config is missing); the controller would not write it.
-	Err error
+	// Refused: the controller would not write the key (nor remove it),
+	// for these reasons (as in the route's Ready condition).
+	Refused []Refusal
 }
 
 // Changed reports whether the controller would change the key.
 func (o PreviewOutput) Changed() bool {
 	switch {
-	case o.Err != nil:
+	case len(o.Refused) > 0:
 		return false
 	case o.Removed:
 		return o.LiveExists
@@ -73,79 +86,124 @@ func (o PreviewOutput) Changed() bool {
 
 // NewPreviewer returns a Reconciler that only previews: it reads the
 // cluster through c (a live client) with the controller's field indexes
-// evaluated client-side (discovery.IndexedReader), and every write it
-// could attempt fails. trusted are the controller's --trusted-namespace
-// values (grants are checked as the controller checks them).
-func NewPreviewer(c client.Client, v Validator, opts compiler.Options, trusted []string) *Reconciler {
+// evaluated client-side (discovery.IndexedReader), writes through the
+// dry-run writer (which reads the live ConfigMaps and runs the writer's
+// guards), and every other write it could attempt fails. namespaces and
+// trusted are the controller's --namespace and --trusted-namespace values
+// (the namespace scope and grants are checked as the controller checks
+// them).
+func NewPreviewer(c client.Client, v Validator, opts compiler.Options, namespaces, trusted []string) *Reconciler {
 	ro := readOnlyClient{Client: c, reader: discovery.IndexedReader(c, c.Scheme())}
-	r := &Reconciler{Client: ro, APIReader: ro, Validator: v, CompileOptions: opts, TrustedNamespaces: trusted}
+	r := &Reconciler{Client: ro, APIReader: ro, Validator: v, CompileOptions: opts,
+		Namespaces: namespaces, TrustedNamespaces: trusted, Routes: NewRouteState(), preview: true}
 	r.discovery = &discovery.Reader{Client: ro}
+	r.out = &sink.DryRun{Reader: ro, Trusted: trusted}
 	return r
 }
 
-// Preview runs the reconcile's steps up to the write (validate, fallback
-// Service, grants, discovery, compile, the monitor guard) for route and
-// reads the live content of every key it would touch. route is not
-// modified. An invalid spec is an error (schema.InvalidError).
+// Preview runs the reconcile's steps (validate, fallback Service,
+// namespace scope, grants, discovery, compile, the outputs with their
+// guards) for route with the dry-run writer and says, per key, what the
+// controller would write or why it would not. route is not modified. An
+// invalid spec is an error (schema.InvalidError).
 func (r *Reconciler) Preview(ctx context.Context, route *v1alpha1.ModelRoute) (*Preview, error) {
 	st := &state{route: route.DeepCopy(), started: time.Now()}
-	p := &Preview{Route: route.Namespace + "/" + route.Name}
-	spec, err := r.Validator.ValidateObject(st.route)
-	if err != nil {
+	if err := r.runSteps(ctx, st); err != nil {
+		var inv *schema.InvalidError
+		if errors.As(err, &inv) {
+			return nil, inv
+		}
 		return nil, err
 	}
-	st.spec = spec
-	if st.fallback, err = r.previewFallback(ctx, st, p); err != nil {
-		return nil, err
+	p := &Preview{Route: route.Namespace + "/" + route.Name, Warnings: slices.Clone(st.previewWarnings)}
+	p.Warnings = append(p.Warnings, st.result.Warnings...)
+	if c := meta.FindStatusCondition(st.route.Status.Conditions, TypeReady); c != nil {
+		p.Ready = *c
 	}
-	compiled := false
-	granted, err := r.checkServiceGrants(ctx, st)
-	if err != nil {
-		return nil, err
-	}
-	if granted {
-		found, err := r.reconcileDiscovery(ctx, st)
-		if err != nil {
-			return nil, err
-		}
-		compiled = found && r.reconcileCompile(ctx, st)
-	}
-	if compiled {
-		p.Warnings = append(p.Warnings, st.result.Warnings...)
-		outs := r.dropUnsafeMonitor(ctx, st, st.result.Outputs)
-		now := map[string][]string{}
-		for _, o := range outs {
-			now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
-			po := PreviewOutput{ConfigMap: o.ConfigMap, Key: o.Key}
-			var current []byte
-			if current, po.LiveExists, err = r.liveKey(ctx, o.ConfigMap, o.Key); err != nil {
-				return nil, err
-			}
-			if po.LiveExists {
-				po.Live = current
-			}
-			if po.Rendered, po.Err = o.Render(current); po.Err != nil {
-				po.Rendered = nil
-			}
-			p.Outputs = append(p.Outputs, po)
-		}
-		for _, cm := range sortedKeys(ownedFromStatus(route.Status.Outputs)) {
-			for _, k := range ownedFromStatus(route.Status.Outputs)[cm] {
-				if slices.Contains(now[cm], k) {
-					continue
-				}
-				po := PreviewOutput{ConfigMap: cm, Key: k, Removed: true}
-				if po.Live, po.LiveExists, err = r.liveKey(ctx, cm, k); err != nil {
-					return nil, err
-				}
-				p.Outputs = append(p.Outputs, po)
-			}
-		}
-	}
-	for _, pr := range st.problems {
+	for _, pr := range sortedProblems(st.problems) {
 		p.Problems = append(p.Problems, pr.reason+": "+pr.msg)
 	}
+	refusals := func(cm, key string) []Refusal {
+		var out []Refusal
+		for _, pr := range sortedProblems(st.problems) {
+			if (len(pr.scope) == 0 && st.noRender) || slices.Contains(pr.scope, cm) || slices.Contains(pr.scope, cm+"|"+key) {
+				out = append(out, Refusal{Reason: pr.reason, Message: pr.msg})
+			}
+		}
+		return out
+	}
+	seen := map[string]bool{}
+	add := func(po PreviewOutput) {
+		seen[po.ConfigMap+"|"+po.Key] = true
+		p.Outputs = append(p.Outputs, po)
+	}
+	rendered := map[string]compiler.Output{}
+	for _, o := range st.result.Outputs {
+		rendered[o.ConfigMap+"|"+o.Key] = o
+	}
+	for _, o := range st.written {
+		for _, k := range o.Keys {
+			po := PreviewOutput{ConfigMap: o.ConfigMap, Key: k, Refused: refusals(o.ConfigMap, k)}
+			var err error
+			if po.Live, po.LiveExists, err = r.liveKey(ctx, o.ConfigMap, k); err != nil {
+				return nil, err
+			}
+			if out, ok := rendered[o.ConfigMap+"|"+k]; ok && len(po.Refused) == 0 {
+				if po.Rendered, err = out.Render(liveInput(po)); err != nil {
+					po.Refused = []Refusal{{Reason: ReasonRenderFailed, Message: err.Error()}}
+					po.Rendered = nil
+				}
+			}
+			add(po)
+		}
+	}
+	// Keys held back before the writer saw them (the monitor file in an
+	// nginx ConfigMap).
+	for _, pr := range st.problems {
+		for _, sc := range pr.scope {
+			cm, key, ok := strings.Cut(sc, "|")
+			if !ok || seen[sc] {
+				continue
+			}
+			po := PreviewOutput{ConfigMap: cm, Key: key, Refused: refusals(cm, key)}
+			var err error
+			if po.Live, po.LiveExists, err = r.liveKey(ctx, cm, key); err != nil {
+				return nil, err
+			}
+			add(po)
+		}
+	}
+	for _, o := range st.removed {
+		for _, k := range o.Keys {
+			if seen[o.ConfigMap+"|"+k] {
+				continue
+			}
+			po := PreviewOutput{ConfigMap: o.ConfigMap, Key: k, Removed: true}
+			var err error
+			if po.Live, po.LiveExists, err = r.liveKey(ctx, o.ConfigMap, k); err != nil {
+				return nil, err
+			}
+			for _, b := range o.Blocked {
+				if b.Key == k {
+					po.Removed = false
+					p.Warnings = append(p.Warnings, fmt.Sprintf("%s/%s: the route no longer renders this key and the controller would leave it: %v", o.ConfigMap, k, b.Err))
+				}
+			}
+			if po.Removed {
+				add(po)
+			}
+		}
+	}
 	return p, nil
+}
+
+// liveInput is the content a render starts from: the live value, nil when
+// the key is absent.
+func liveInput(po PreviewOutput) []byte {
+	if !po.LiveExists {
+		return nil
+	}
+	return po.Live
 }
 
 // liveKey reads one key of a ConfigMap ("ns/name") from the API server.
@@ -166,12 +224,12 @@ func (r *Reconciler) liveKey(ctx context.Context, cm, key string) ([]byte, bool,
 // of the route's fallback Service when it exists and the route controls
 // it. A Service the controller would still create has no VIP yet: the
 // preview renders without that tier and says so.
-func (r *Reconciler) previewFallback(ctx context.Context, st *state, p *Preview) (*compiler.ServiceVIP, error) {
+func (r *Reconciler) previewFallback(ctx context.Context, st *state) (*compiler.ServiceVIP, error) {
 	if !wantsFallback(st.spec) {
 		return nil, nil
 	}
 	if _, err := fallbackSelector(st.spec.Spec.Discovery.Selector); err != nil {
-		p.Warnings = append(p.Warnings, fmt.Sprintf("no fallback Service for FailOpen: %v", err))
+		st.previewWarnings = append(st.previewWarnings, fmt.Sprintf("no fallback Service for FailOpen: %v", err))
 		return nil, nil
 	}
 	port, err := r.fallbackPort(ctx, st.spec)
@@ -184,14 +242,14 @@ func (r *Reconciler) previewFallback(ctx context.Context, st *state, p *Preview)
 	switch {
 	case apierrors.IsNotFound(err):
 		if port != 0 {
-			p.Warnings = append(p.Warnings, fmt.Sprintf(
+			st.previewWarnings = append(st.previewWarnings, fmt.Sprintf(
 				"the controller would create the fallback Service %s; its ClusterIP is not known before that, so this preview renders without the backend-svc tier", key))
 		}
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("get fallback service %s: %w", key, err)
 	case !metav1.IsControlledBy(&svc, st.route):
-		p.Warnings = append(p.Warnings, fmt.Sprintf(
+		st.previewWarnings = append(st.previewWarnings, fmt.Sprintf(
 			"Service %s exists and is not controlled by this route: no static Service VIP tier (condition %s)", key, ReasonServiceNotOwned))
 		return nil, nil
 	}

@@ -21,7 +21,7 @@ func TestReconcileSpecInvalidIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Reconciler{Validator: v}
+	r := &Reconciler{Validator: v, Routes: NewRouteState()}
 	route := newRoute("ns", "Bad_Name", "svc", func(r *v1alpha1.ModelRoute) {
 		r.Spec.Discovery.Selector = "app=x" // both service and selector
 		r.Generation = 3
@@ -73,7 +73,7 @@ func (failingValidator) ValidateObject(*v1alpha1.ModelRoute) (*v1alpha1.ModelRou
 // (not a rule violation) is Stalled with a reason and not retried, since
 // validation does no I/O and would fail the same way again.
 func TestReconcileSpecUnreadableIsTerminal(t *testing.T) {
-	r := &Reconciler{Validator: failingValidator{}}
+	r := &Reconciler{Validator: failingValidator{}, Routes: NewRouteState()}
 	route := newRoute("ns", "q", "svc", func(r *v1alpha1.ModelRoute) { r.Generation, r.UID = 2, "u2" })
 	done, err := r.reconcileSpec(context.Background(), &state{route: route})
 	if !done || !errors.Is(err, reconcile.TerminalError(nil)) {

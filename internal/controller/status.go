@@ -81,6 +81,9 @@ const (
 type problem struct {
 	reason, msg string
 	waiting     bool
+	// scope is what the problem holds back: ConfigMaps ("ns/name") and
+	// keys ("ns/name|key"); empty = the whole route (nothing is written).
+	scope []string
 }
 
 // precedence orders reasons for the Ready condition when a reconcile finds
@@ -92,9 +95,24 @@ var precedence = []string{
 	ReasonOutputKeyForeign, ReasonOutputTooLarge, ReasonOutputRejected, ReasonRenderFailed,
 }
 
-// block records a problem.
+// block records a problem that holds back the whole route.
 func (st *state) block(reason, msg string, waiting bool) {
-	st.problems = append(st.problems, problem{reason, msg, waiting})
+	st.problems = append(st.problems, problem{reason: reason, msg: msg, waiting: waiting})
+}
+
+// blockAt records a problem that holds back only the ConfigMaps or keys
+// of scope.
+func (st *state) blockAt(reason, msg string, waiting bool, scope ...string) {
+	st.problems = append(st.problems, problem{reason: reason, msg: msg, waiting: waiting, scope: scope})
+}
+
+// sortedProblems are problems ordered by precedence (stable).
+func sortedProblems(problems []problem) []problem {
+	ps := slices.Clone(problems)
+	slices.SortStableFunc(ps, func(a, b problem) int {
+		return slices.Index(precedence, a.reason) - slices.Index(precedence, b.reason)
+	})
+	return ps
 }
 
 // report sets Ready from the problems: True when there are none, else
@@ -104,10 +122,7 @@ func report(st *state) {
 		markReady(st)
 		return
 	}
-	ps := slices.Clone(st.problems)
-	slices.SortStableFunc(ps, func(a, b problem) int {
-		return slices.Index(precedence, a.reason) - slices.Index(precedence, b.reason)
-	})
+	ps := sortedProblems(st.problems)
 	msg := ps[0].msg
 	if len(ps) > 1 {
 		parts := make([]string, len(ps))

@@ -28,7 +28,14 @@ import (
 // reconcileSpec validates and defaults the spec, once per generation.
 // An invalid spec is terminal: only a new generation can fix it.
 func (r *Reconciler) reconcileSpec(ctx context.Context, st *state) (bool, error) {
-	spec, err := r.specs.validate(r.Validator, st.route)
+	var spec *v1alpha1.ModelRoute
+	var err error
+	if r.preview {
+		// Files previewed (-f) have no UID to key the cache by.
+		spec, err = r.Validator.ValidateObject(st.route)
+	} else {
+		spec, err = r.Routes.specs.validate(r.Validator, st.route)
+	}
 	if err == nil {
 		st.spec = spec
 		return false, nil
@@ -54,10 +61,10 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, st *state) (bool, error)
 // checkNamespaces records every namespace the route references (its
 // Services, its output ConfigMaps) that the controller does not watch
 // (--namespace): the cache cannot read there. It returns the unwatched
-// namespaces.
-func (r *Reconciler) checkNamespaces(st *state) map[string]bool {
+// namespaces; nothing is rendered then.
+func (r *Reconciler) checkNamespaces(_ context.Context, st *state) (bool, error) {
 	if len(r.Namespaces) == 0 {
-		return nil
+		return false, nil
 	}
 	refs := map[string][]string{}
 	var order []string
@@ -71,14 +78,15 @@ func (r *Reconciler) checkNamespaces(st *state) map[string]bool {
 		}
 		refs[ns] = append(refs[ns], ref)
 	}
-	out := map[string]bool{}
+	st.unwatched = map[string]bool{}
 	for _, ns := range order {
-		out[ns] = true
+		st.unwatched[ns] = true
+		st.noRender = true
 		st.block(ReasonNamespaceNotWatched, fmt.Sprintf(
 			"namespace %s is not watched by this controller (--namespace %s), so %s cannot be read or written: add %s to --namespace (Helm value watchNamespaces)",
 			ns, strings.Join(r.Namespaces, ","), strings.Join(refs[ns], ", "), ns), false)
 	}
-	return out
+	return false, nil
 }
 
 // checkServiceGrants checks every Service the route references in another
@@ -86,9 +94,12 @@ func (r *Reconciler) checkNamespaces(st *state) map[string]bool {
 // (sink.Granted: the allowed-route-namespaces annotation, or a trusted
 // route namespace). An ungranted one blocks discovery altogether, so
 // nothing of that namespace (endpoints, VIPs) is read into status or
-// rendered, and status drops what it showed; it reports false then.
-// Services that do not exist are left to discovery (ServiceNotFound).
+// rendered, and status drops what it showed. Services that do not exist
+// are left to discovery (ServiceNotFound).
 func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, error) {
+	if st.noRender {
+		return false, nil
+	}
 	refs := []struct{ ref, field string }{{st.spec.Spec.Discovery.Service, "spec.discovery.service"}}
 	if c := st.spec.Spec.Cart; c != nil {
 		refs = append(refs, struct{ ref, field string }{c.Service, "spec.cart.service"})
@@ -120,16 +131,21 @@ func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, e
 			ns, name, x.field, ns, st.route.Namespace, sink.AllowedNamespacesAnnotation, st.route.Namespace), false)
 	}
 	if !ok {
+		st.noRender = true
 		st.route.Status.Backends = 0
 		st.route.Status.CartPeers = 0
 	}
-	return ok, nil
+	return false, nil
 }
 
-// reconcileDiscovery builds the endpoint snapshot; found reports backends.
-// A discovery Service that does not exist is reported as such. No backends
-// keeps the last good output in place (an empty list is never written).
-func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (found bool, err error) {
+// reconcileDiscovery builds the endpoint snapshot. A discovery Service that
+// does not exist is reported as such. No backends keeps the last good
+// output in place (an empty list is never written): nothing is rendered.
+func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, error) {
+	if st.noRender {
+		return false, nil
+	}
+	st.noRender = true // until backends are found
 	if ref := st.spec.Spec.Discovery.Service; ref != "" {
 		ns, name := routespec.SplitRef(ref, st.route.Namespace)
 		err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &corev1.Service{})
@@ -163,12 +179,17 @@ func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (found b
 			readyWord(st.spec.Spec.Discovery), discoverySource(st.spec), st.route.Status.Backends), true)
 		return false, nil
 	}
-	return true, nil
+	st.noRender = false
+	return false, nil
 }
 
 // reconcileCompile renders the outputs from the validated spec and the
-// snapshot (pure Go; no CUE here); ok reports a result to write.
-func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) {
+// snapshot (pure Go; no CUE here). A failure leaves nothing to write.
+func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (bool, error) {
+	if st.noRender {
+		return false, nil
+	}
+	st.noRender = true // until the compile succeeds
 	compile := r.Compile
 	if compile == nil {
 		compile = compiler.Compile
@@ -178,20 +199,20 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) 
 		dyn, err := r.dynamicPeers(ctx, st.spec)
 		if err != nil {
 			st.block(ReasonRetrying, err.Error(), true)
-			return false
+			return false, nil
 		}
 		opts.DynamicPeers = dyn
 	}
 	res, err := compile(compilerRoute(st.spec), st.snap, opts)
 	if errors.Is(err, compiler.ErrNoBackends) {
 		st.block(ReasonNoBackends, err.Error(), true)
-		return false
+		return false, nil
 	}
 	if err != nil {
 		// The inputs come from the spec and the cluster, both watched: a
 		// change re-renders, a timer would not help.
 		st.block(ReasonCompileFailed, err.Error(), false)
-		return false
+		return false, nil
 	}
 	st.result = res
 	skipped := make([]string, len(res.Skipped))
@@ -199,7 +220,8 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (ok bool) 
 		skipped[i] = sk.String() + r.skipDetail(ctx, st, sk)
 	}
 	markDegraded(st.route, skipped)
-	return true
+	st.noRender = false
+	return false, nil
 }
 
 // dynamicPeers reports whether the route's nginx output ConfigMap declares

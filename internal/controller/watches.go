@@ -79,9 +79,16 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
 	}
+	if r.Routes == nil {
+		r.Routes = NewRouteState()
+	}
 	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
-	r.writer = &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
-	w := r.writer
+	w := &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
+	r.sink, r.out = w, w
+	r.cmChanges = newConfigMapChanges(r.changedKeys)
+	if err := mgr.Add(r.cmChanges); err != nil {
+		return err
+	}
 	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
@@ -304,7 +311,7 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			all(ctx, e.Object, q)
 		},
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			r.writer.Forget(e.Object.GetNamespace() + "/" + e.Object.GetName())
+			r.sink.Forget(e.Object.GetNamespace() + "/" + e.Object.GetName())
 			all(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
@@ -317,13 +324,14 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 				return // a resync
 			}
 			ref := e.ObjectNew.GetNamespace() + "/" + e.ObjectNew.GetName()
-			for _, key := range r.waiting.on(ref) {
+			for _, key := range r.Routes.waiting.on(ref) {
 				q.Add(reconcile.Request{NamespacedName: key})
 			}
-			// Seen waits for a write of this ConfigMap in flight and may
-			// read it: not in the informer's goroutine.
-			rv := e.ObjectNew.GetResourceVersion()
-			go r.changedKeys(ctx, ref, rv, q)
+			// Which routes' keys changed is asked of the writer, which
+			// waits for a write of this ConfigMap in flight and may read
+			// it: not in the informer's goroutine, but in the ConfigMap
+			// queue's (one pass per ConfigMap, however many events).
+			r.cmChanges.add(ref, e.ObjectNew.GetResourceVersion(), q)
 		},
 	}
 }
@@ -331,18 +339,18 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 // changedKeys queues the routes whose keys in ref changed, as the writer
 // tells at resourceVersion rv, other than by their own writes.
 func (r *Reconciler) changedKeys(ctx context.Context, ref, rv string, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	ch, err := r.writer.Seen(ctx, ref, rv)
+	ch, err := r.sink.Seen(ctx, ref, rv)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "read a changed configmap; re-rendering its routes", "configmap", ref)
 		ch.All = true
 	}
 	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
 		key := client.ObjectKeyFromObject(&rt)
-		owned, known := r.owned.get(key)
+		owned, known := r.Routes.rendered.get(key)
 		if ch.All || (!known && len(ch.Keys) > 0) || slices.ContainsFunc(owned[ref], func(k string) bool {
 			v, changed := ch.Keys[k]
 			// The route's own write is not a change to react to.
-			return changed && !(v != nil && r.owned.ownValue(key, ref, k, *v))
+			return changed && !(v != nil && r.Routes.rendered.ownValue(key, ref, k, *v))
 		}) {
 			q.Add(reconcile.Request{NamespacedName: key})
 		}
