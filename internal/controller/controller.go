@@ -254,4 +254,3 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, route *v1alpha1.ModelR
 	}
 	return nil
 }
-
