@@ -141,127 +141,155 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) (bool, e
 	return false, r.consumerStatus(ctx, st)
 }
 
+// consumerTally is what the consumer pods of a route report, gathered
+// group by group (consumerStatus) and then summed up in the Applied
+// condition (applied).
+type consumerTally struct {
+	consumers []v1alpha1.Consumer
+	// groups are the consumer groups looked at; unwatched those in a
+	// namespace the controller does not watch.
+	groups, unwatched []string
+	// keys are the route's keys held in the groups' ConfigMaps; current
+	// is "cm\x00key" → the ID of what the route last wrote there.
+	keys    []string
+	current map[string]string
+	// tracked pods report what they serve; synced of them serve every key
+	// as written; stale and notTracked name the others.
+	tracked, synced   int
+	stale, notTracked []string
+	counts            map[string]int // by consumer state (metrics)
+}
+
 // consumerStatus is reconcileConsumers' work.
 func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 	route := st.route
 	key := client.ObjectKeyFromObject(route)
-	log := ctrl.LoggerFrom(ctx)
-	var (
-		consumers                    []v1alpha1.Consumer
-		tracked, synced              int
-		stale, notTracked, unwatched []string
-		groups                       []string
-		current                      = map[string]string{} // "cm\x00key" → ID of what the route last wrote
-		counts                       = map[string]int{}
-		keysAll                      []string
-	)
+	t := &consumerTally{current: map[string]string{}, counts: map[string]int{}}
 	for _, g := range consumerGroups(route) {
 		pods, ok, err := r.consumerPods(ctx, route, g)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			unwatched = append(unwatched, g.String())
+			t.unwatched = append(t.unwatched, g.String())
 			continue
 		}
-		groups = append(groups, g.String())
+		t.groups = append(t.groups, g.String())
 		ids := map[string]string{}
 		for k, sum := range r.Routes.rendered.sumsIn(key, g.configMap) {
 			ids[k] = served.IDOfSum(sum)
-			current[g.configMap+"\x00"+k] = ids[k]
+			t.current[g.configMap+"\x00"+k] = ids[k]
 		}
-		keys := slices.Sorted(maps.Keys(ids))
-		keysAll = append(keysAll, keys...)
-		if len(keys) == 0 {
+		if len(ids) == 0 {
 			continue
 		}
-		for _, p := range pods {
-			pns, pname, _ := strings.Cut(p, "/")
-			pr, err := r.podReader(ctx, pns)
-			if err != nil {
-				return fmt.Errorf("consumer pods of %s: %w", g, err)
-			}
-			var pod corev1.Pod
-			if err := pr.Get(ctx, types.NamespacedName{Namespace: pns, Name: pname}, &pod); err != nil {
-				if apierrors.IsNotFound(err) {
-					continue // gone: its endpoint goes too
-				}
-				return fmt.Errorf("get consumer pod %s: %w", p, err)
-			}
-			rep, has, err := r.Routes.reports.of(&pod)
-			if err != nil {
-				log.Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
-			}
-			if !has {
-				notTracked = append(notTracked, pname)
-				counts[v1alpha1.ConsumerNotTracked]++
-				for _, k := range keys {
-					consumers = append(consumers, v1alpha1.Consumer{Pod: p, Key: k, State: v1alpha1.ConsumerNotTracked})
-				}
-				continue
-			}
-			tracked++
-			all := true
-			since := metav1.NewTime(rep.At)
-			for _, k := range keys {
-				c := v1alpha1.Consumer{Pod: p, Key: k, Served: rep.Keys[k], State: v1alpha1.ConsumerSynced, Since: &since}
-				if c.Served != ids[k] {
-					c.State, all = v1alpha1.ConsumerStale, false
-				}
-				consumers = append(consumers, c)
-			}
-			if all {
-				synced++
-				counts[v1alpha1.ConsumerSynced]++
-			} else {
-				stale = append(stale, pname)
-				counts[v1alpha1.ConsumerStale]++
-			}
+		if err := r.tallyPods(ctx, t, g, pods, ids); err != nil {
+			return err
 		}
 	}
-	slices.SortFunc(consumers, func(a, b v1alpha1.Consumer) int {
+	slices.SortFunc(t.consumers, func(a, b v1alpha1.Consumer) int {
 		return strings.Compare(a.Pod+"\x00"+a.Key, b.Pod+"\x00"+b.Key)
 	})
-	route.Status.Consumers = consumers
-	if len(groups) == 0 {
+	route.Status.Consumers = t.consumers
+	if len(t.groups) == 0 {
 		r.Routes.applied.forget(key) // nothing tracked: no series, no clock
 	} else {
-		r.Routes.applied.setCounts(key, counts)
-		r.Routes.applied.changed(key, current, st.started)
+		r.Routes.applied.setCounts(key, t.counts)
+		r.Routes.applied.changed(key, t.current, st.started)
 	}
-	slices.Sort(keysAll)
-	keysAll = slices.Compact(keysAll)
+	slices.Sort(t.keys)
+	t.keys = slices.Compact(t.keys)
+	if t.applied(route) {
+		r.Routes.applied.converged(key, t.current, time.Now())
+	}
+	return nil
+}
+
+// tallyPods adds what each of a group's pods serves of ids (the route's
+// keys in the group's ConfigMap → the ID last written).
+func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumerGroup, pods []string, ids map[string]string) error {
+	keys := slices.Sorted(maps.Keys(ids))
+	t.keys = append(t.keys, keys...)
+	for _, p := range pods {
+		pns, pname, _ := strings.Cut(p, "/")
+		pr, err := r.podReader(ctx, pns)
+		if err != nil {
+			return fmt.Errorf("consumer pods of %s: %w", g, err)
+		}
+		var pod corev1.Pod
+		if err := pr.Get(ctx, types.NamespacedName{Namespace: pns, Name: pname}, &pod); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // gone: its endpoint goes too
+			}
+			return fmt.Errorf("get consumer pod %s: %w", p, err)
+		}
+		rep, has, err := r.Routes.reports.of(&pod)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
+		}
+		if !has {
+			t.notTracked = append(t.notTracked, pname)
+			t.counts[v1alpha1.ConsumerNotTracked]++
+			for _, k := range keys {
+				t.consumers = append(t.consumers, v1alpha1.Consumer{Pod: p, Key: k, State: v1alpha1.ConsumerNotTracked})
+			}
+			continue
+		}
+		t.tracked++
+		all := true
+		since := metav1.NewTime(rep.At)
+		for _, k := range keys {
+			c := v1alpha1.Consumer{Pod: p, Key: k, Served: rep.Keys[k], State: v1alpha1.ConsumerSynced, Since: &since}
+			if c.Served != ids[k] {
+				c.State, all = v1alpha1.ConsumerStale, false
+			}
+			t.consumers = append(t.consumers, c)
+		}
+		if all {
+			t.synced++
+			t.counts[v1alpha1.ConsumerSynced]++
+		} else {
+			t.stale = append(t.stale, pname)
+			t.counts[v1alpha1.ConsumerStale]++
+		}
+	}
+	return nil
+}
+
+// applied sets status.synced and the Applied condition from the tally;
+// it reports whether every tracked pod serves the current output.
+func (t *consumerTally) applied(route *v1alpha1.ModelRoute) bool {
 	extra := ""
-	if len(notTracked) > 0 {
-		extra = fmt.Sprintf("; not tracked (no served report): %s", strings.Join(notTracked, ", "))
+	if len(t.notTracked) > 0 {
+		extra = fmt.Sprintf("; not tracked (no served report): %s", strings.Join(t.notTracked, ", "))
 	}
-	if len(unwatched) > 0 {
-		extra += fmt.Sprintf("; not tracked (namespace not watched): %s", strings.Join(unwatched, ", "))
+	if len(t.unwatched) > 0 {
+		extra += fmt.Sprintf("; not tracked (namespace not watched): %s", strings.Join(t.unwatched, ", "))
 	}
 	switch {
-	case len(groups) == 0 && len(unwatched) == 0:
+	case len(t.groups) == 0 && len(t.unwatched) == 0:
 		route.Status.Synced = ""
 		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked,
 			"the route names no consumer pods: set spec.nginx.service (the openresty entry's Service) or spec.nginx.selector, and run the consumers' reload sidecars with --pod-name")
-	case len(keysAll) == 0 && len(groups) > 0:
+	case len(t.keys) == 0 && len(t.groups) > 0:
 		route.Status.Synced = ""
 		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotWritten, "the route holds none of its keys yet")
-	case tracked == 0:
+	case t.tracked == 0:
 		route.Status.Synced = ""
 		setCondition(route, TypeApplied, metav1.ConditionUnknown, ReasonNotTracked, fmt.Sprintf(
-			"no consumer pod of %s reports what it serves (run their reload sidecars with --pod-name)%s", strings.Join(append(groups, unwatched...), ", "), extra))
-	case len(stale) > 0:
-		route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
+			"no consumer pod of %s reports what it serves (run their reload sidecars with --pod-name)%s", strings.Join(append(t.groups, t.unwatched...), ", "), extra))
+	case len(t.stale) > 0:
+		route.Status.Synced = fmt.Sprintf("%d/%d", t.synced, t.tracked)
 		setCondition(route, TypeApplied, metav1.ConditionFalse, ReasonStale, fmt.Sprintf(
 			"%d of %d consumer pods of %s do not serve the current %s yet: %s%s",
-			len(stale), tracked, strings.Join(groups, ", "), strings.Join(keysAll, ", "), strings.Join(stale, ", "), extra))
+			len(t.stale), t.tracked, strings.Join(t.groups, ", "), strings.Join(t.keys, ", "), strings.Join(t.stale, ", "), extra))
 	default:
-		route.Status.Synced = fmt.Sprintf("%d/%d", synced, tracked)
+		route.Status.Synced = fmt.Sprintf("%d/%d", t.synced, t.tracked)
 		setCondition(route, TypeApplied, metav1.ConditionTrue, ReasonSynced, fmt.Sprintf(
-			"%d/%d consumer pods of %s serve the current %s%s", synced, tracked, strings.Join(groups, ", "), strings.Join(keysAll, ", "), extra))
-		r.Routes.applied.converged(key, current, time.Now())
+			"%d/%d consumer pods of %s serve the current %s%s", t.synced, t.tracked, strings.Join(t.groups, ", "), strings.Join(t.keys, ", "), extra))
+		return true
 	}
-	return nil
+	return false
 }
 
 // reportCache keeps the parsed served report of each consumer pod version:
