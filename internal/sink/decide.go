@@ -56,6 +56,8 @@ type result struct {
 	blocked []KeyError
 	// sums are set for Written and Unchanged (Apply's requests).
 	sums map[string]Sum
+	// changes are set for Written.
+	changes []KeyChange
 	// retry is an API failure worth a retry (the workqueue's): the
 	// request has no state.
 	retry error
@@ -63,7 +65,7 @@ type result struct {
 
 // outcome is r as req's Outcome.
 func (req *request) outcome(r result) Outcome {
-	return Outcome{ConfigMap: req.ref, State: r.state, Keys: req.keys, Err: r.err, Blocked: r.blocked, Sums: r.sums}
+	return Outcome{ConfigMap: req.ref, State: r.state, Keys: req.keys, Err: r.err, Blocked: r.blocked, Sums: r.sums, Changes: r.changes}
 }
 
 // outcomes pairs each request with its result: the Outcomes, in the
@@ -227,7 +229,7 @@ func decide(key client.ObjectKey, cm *corev1.ConfigMap, trusted []string, batch 
 		r := result{state: Unchanged, blocked: ch.blocked, sums: ch.sums}
 		if len(ch.set) > 0 {
 			maps.Copy(p.set, ch.set)
-			r.state = Written
+			r.state, r.changes = Written, keyChanges(cm, ch.set)
 			p.in = append(p.in, req)
 		}
 		p.res[req] = r
@@ -266,6 +268,23 @@ func settled(err error) (result, bool) {
 		return result{state: Forbidden, err: err}, true
 	}
 	return result{}, false
+}
+
+// keyChanges lists set, decided on cm, as KeyChanges sorted by key.
+func keyChanges(cm *corev1.ConfigMap, set map[string]*string) []KeyChange {
+	out := make([]KeyChange, 0, len(set))
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		c := KeyChange{Key: k}
+		if v, ok := cm.Data[k]; ok {
+			c.Live = &v
+		}
+		if v := set[k]; v != nil {
+			w := *v
+			c.Want = &w
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // sizeAfter is the ConfigMap's size (as the API server counts it: the

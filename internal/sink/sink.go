@@ -121,6 +121,19 @@ type Outcome struct {
 	// that was not blocked now holds: a ConfigMap event showing exactly
 	// that is the route's own write, not a change to react to.
 	Sums map[string]Sum
+	// Changes are, for Written, the keys the write set or deleted, with
+	// the content before and after, sorted by key.
+	Changes []KeyChange
+}
+
+// KeyChange is one key a write sets or deletes.
+type KeyChange struct {
+	Key string
+	// Live is the content the write was decided on; nil: the key was
+	// absent.
+	Live *string
+	// Want is the content written; nil: the key is deleted.
+	Want *string
 }
 
 // Sum is the SHA-256 of a key's value.
