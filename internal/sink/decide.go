@@ -1,9 +1,11 @@
 package sink
 
-// This file: the decision. A route's wish for one ConfigMap is a request;
-// decide takes the requests of a round and the ConfigMap's content and
-// says, per request, what the write comes to (grant, each key's guard,
-// render, the size limit) and which keys the patch sets or deletes.
+// This file: the decision, shared by the Writer and DryRun. A route's
+// wish for one ConfigMap is a request; decide takes the requests of a
+// round and the ConfigMap's content and says, per request, what the write
+// comes to (grant, each key's guard, render, the size limit) and which
+// keys the patch sets or deletes. The Writer then patches; DryRun stops
+// there.
 
 import (
 	"bytes"

@@ -20,7 +20,8 @@
 // Every write goes one way: a route's change of a ConfigMap is a request
 // to that ConfigMap's one writer, which gathers the requests of a window
 // (none with Window 0) into a batch and writes it in rounds (batch.go).
-// The decision of a round is decide.go.
+// The decision of a round (decide.go) is shared with DryRun, which reads
+// the ConfigMap, decides the same way and writes nothing.
 package sink
 
 import (
@@ -194,6 +195,19 @@ func Granted(obj metav1.Object, routeNS string, trusted []string) bool {
 	}
 	return false
 }
+
+// KeyWriter is what a route's reconcile asks of the sink: the Writer, or
+// DryRun to learn what the Writer would do.
+type KeyWriter interface {
+	ApplyRecorded(ctx context.Context, routeNS string, outputs []compiler.Output, guard Guard, record func(cm string, sums map[string]Sum)) ([]Outcome, error)
+	Remove(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error)
+	Check(ctx context.Context, routeNS string, keys map[string][]string, guard Guard) ([]Outcome, error)
+}
+
+var (
+	_ KeyWriter = (*Writer)(nil)
+	_ KeyWriter = DryRun{}
+)
 
 // Apply writes outputs (grouped by ConfigMap, in first-seen order) for a
 // route in routeNS; guard (nil = allow all) decides per key. The error is
