@@ -3,8 +3,6 @@ package sink
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -24,21 +22,6 @@ import (
 // to a change-to-served path whose next step, the reload sidecar's
 // debounce, is 250 ms.
 const DefaultBatchWindow = 20 * time.Millisecond
-
-// request is one route's change to one ConfigMap, waiting in a batch.
-type request struct {
-	routeNS string
-	change  changeFunc
-	done    chan result
-}
-
-// result is what a request's write came to.
-type result struct {
-	state     State
-	renderErr error
-	blocked   []KeyError
-	err       error
-}
 
 // cmWriter is the one writer of a ConfigMap: it batches requests and
 // knows the content (content.go).
@@ -75,11 +58,11 @@ func (w *Writer) cmWriter(ref string) *cmWriter {
 	return cw
 }
 
-// submit queues one route's change of ref and waits for the batch it goes
-// out with.
-func (w *Writer) submit(ctx context.Context, ref, routeNS string, change changeFunc) result {
-	cw := w.cmWriter(ref)
-	req := &request{routeNS: routeNS, change: change, done: make(chan result, 1)}
+// submit queues req with its ConfigMap's writer and waits for the batch it
+// goes out with.
+func (w *Writer) submit(ctx context.Context, req *request) result {
+	cw := w.cmWriter(req.ref)
+	req.done = make(chan result, 1)
 	cw.mu.Lock()
 	cw.pending = append(cw.pending, req)
 	lead := !cw.scheduled
@@ -89,19 +72,21 @@ func (w *Writer) submit(ctx context.Context, ref, routeNS string, change changeF
 		// The batch outlives a cancelled request: other routes wait on it.
 		fctx := context.WithoutCancel(ctx)
 		go func() {
-			time.Sleep(w.Window)
-			w.flush(fctx, ref, cw)
+			if w.Window > 0 {
+				time.Sleep(w.Window)
+			}
+			w.flush(fctx, req.ref, cw)
 		}()
 	}
 	select {
 	case r := <-req.done:
 		return r
 	case <-ctx.Done():
-		return result{err: ctx.Err()}
+		return result{retry: ctx.Err()}
 	}
 }
 
-// flush writes everything pending for ref.
+// flush writes everything pending for ref, in rounds.
 func (w *Writer) flush(ctx context.Context, ref string, cw *cmWriter) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -112,30 +97,36 @@ func (w *Writer) flush(ctx context.Context, ref string, cw *cmWriter) {
 	cw.pending, cw.scheduled = nil, false
 	cw.mu.Unlock()
 	w.Batches.Add(1)
+	w.rounds(ctx, ref, cw, batch)
+}
+
+// rounds writes batch in rounds until every request is answered.
+func (w *Writer) rounds(ctx context.Context, ref string, cw *cmWriter, batch []*request) {
 	for len(batch) > 0 {
 		batch = w.round(ctx, ref, cw, batch)
 	}
 }
 
-// round writes the requests of batch whose changes do not touch the same
-// key as an earlier one, in one patch, and returns the rest for the next
-// round (which reads the content this round left: a second claimant of a
-// new key sees the first one's mark).
+// round decides the requests of batch on the same content (decide) and
+// writes the changes of those that do not touch a key an earlier one took
+// in one per-key compare-and-swap patch; it answers them and returns the
+// rest for the next round. When the patch finds the content changed
+// underneath (a failed JSON patch test is 422 Invalid, a stale
+// resourceVersion 409 Conflict), our read was behind: the batch is read
+// from the API server and decided again, up to maxAttempts times with
+// conflictBackoff. The caller holds cw.write.
 func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*request) (rest []*request) {
 	key, err := objectKey(ref)
 	if err != nil {
-		finish(batch, result{err: err})
+		finish(batch, result{retry: err})
 		return nil
 	}
 	fresh := false
 	var lastErr error
 	err = wait.ExponentialBackoffWithContext(ctx, conflictBackoff, func(ctx context.Context) (bool, error) {
-		cm, err := w.read(ctx, key, cw, fresh)
+		cm, readFresh, err := w.readKnown(ctx, key, cw, fresh)
 		if r, final := settled(err); final {
-			if r.state == Missing {
-				w.forgetLocked(cw)
-			}
-			finish(batch, r)
+			w.settle(cw, batch, r)
 			rest = nil
 			return true, nil
 		}
@@ -143,52 +134,22 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			lastErr = fmt.Errorf("get configmap %s: %w", key, err)
 			return false, nil
 		}
-		// Decide each request on the same content; the first to touch a
-		// key takes it in this round.
-		var (
-			in        []*request
-			res       = map[*request]result{}
-			set       = map[string]*string{}
-			exclusive []string
-		)
-		rest = nil
-		for _, req := range batch {
-			if !Granted(cm, req.routeNS, w.Trusted) {
-				res[req] = result{state: NotPermitted}
-				continue
-			}
-			ch, err := req.change(cm)
-			if err != nil {
-				res[req] = result{state: RenderFailed, renderErr: err, blocked: ch.blocked}
-				continue
-			}
-			if slices.ContainsFunc(slices.Collect(maps.Keys(ch.set)), func(k string) bool { _, taken := set[k]; return taken }) {
-				rest = append(rest, req)
-				continue
-			}
-			maps.Copy(set, ch.set)
-			exclusive = append(exclusive, ch.exclusive...)
-			r := result{state: Unchanged, blocked: ch.blocked}
-			if len(ch.set) > 0 {
-				r.state = Written
-				in = append(in, req)
-			}
-			res[req] = r
-		}
-		if len(set) == 0 {
-			finishEach(res)
+		p := decide(key, cm, w.Trusted, batch)
+		rest = p.rest
+		if p.oversize {
+			// Attribute the refusal to the routes it concerns: each goes
+			// out on its own (the others still fit).
+			w.alone(ctx, ref, cw, p)
 			return true, nil
 		}
-		if size, grows := sizeAfter(cm, set); grows && size > MaxSize {
-			// Attribute the refusal to the routes it concerns: their
-			// changes are written one by one (the others still fit).
-			w.oneByOne(ctx, ref, cw, in, res)
+		if len(p.set) == 0 {
+			finishEach(p.res)
 			return true, nil
 		}
-		err = w.patchBatch(ctx, cm, set, exclusive, cw)
+		err = w.patch(ctx, cm, p.set, cw)
 		switch {
 		case err == nil:
-			finishEach(res)
+			finishEach(p.res)
 			return true, nil
 		case apierrors.IsConflict(err) || patchNotApplicable(err):
 			// Our content was behind: read the truth and decide again.
@@ -196,17 +157,27 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 			cw.supersede(cm.ResourceVersion)
 			fresh, lastErr = true, err
 			return false, nil
+		case apierrors.IsInvalid(err) && len(p.in) > 1:
+			// One of the changes makes the ConfigMap invalid: each goes
+			// out on its own, so the refusal reaches its route alone.
+			w.alone(ctx, ref, cw, p)
+			return true, nil
+		case apierrors.IsInvalid(err) && !readFresh:
+			// Our content may have been behind (another writer grew the
+			// ConfigMap past the size check): decide once more on the
+			// truth.
+			fresh, lastErr = true, err
+			return false, nil
 		case apierrors.IsInvalid(err):
-			// One of the changes makes the ConfigMap invalid: write them
-			// one by one so the refusal reaches its route alone.
-			w.oneByOne(ctx, ref, cw, in, res)
+			// Refused on the truth: the same write would fail the same
+			// way, so it is final.
+			req := p.in[0]
+			p.res[req] = result{state: Rejected, err: err, blocked: p.res[req].blocked}
+			finishEach(p.res)
 			return true, nil
 		}
 		if r, final := settled(err); final {
-			if r.state == Missing {
-				w.forgetLocked(cw)
-			}
-			finish(batch, r)
+			w.settle(cw, batch, r)
 			rest = nil
 			return true, nil
 		}
@@ -217,42 +188,40 @@ func (w *Writer) round(ctx context.Context, ref string, cw *cmWriter, batch []*r
 		if lastErr == nil {
 			lastErr = err
 		}
-		finish(batch, result{err: lastErr})
+		finish(batch, result{retry: lastErr}) // attempts exhausted on a busy key: back to the workqueue
 		return nil
 	}
 	return rest
 }
 
-// oneByOne writes the requests in each on its own (the unbatched path),
-// then answers every request of res.
-func (w *Writer) oneByOne(ctx context.Context, ref string, cw *cmWriter, in []*request, res map[*request]result) {
-	for _, req := range in {
-		st, rerr, blocked, err := w.updateLocked(ctx, ref, cw, req.routeNS, req.change)
-		res[req] = result{state: st, renderErr: rerr, blocked: blocked, err: err}
+// alone answers the requests of p that are not in its patch, then writes
+// each of those in p.in as a batch of its own.
+func (w *Writer) alone(ctx context.Context, ref string, cw *cmWriter, p plan) {
+	for _, req := range p.in {
+		delete(p.res, req)
 	}
-	finishEach(res)
+	finishEach(p.res)
+	for _, req := range p.in {
+		w.rounds(ctx, ref, cw, []*request{req})
+	}
 }
 
-// patchBatch sends set as one per-key compare-and-swap patch. A key added
-// where the content showed none is guarded by the resourceVersion (JSON
-// patch cannot test absence): a stale read fails instead of overwriting a
-// key someone else just added, so no fresh read is needed before adding.
-func (w *Writer) patchBatch(ctx context.Context, cm *corev1.ConfigMap, set map[string]*string, exclusive []string, cw *cmWriter) error {
-	for k, v := range set {
-		if _, had := cm.Data[k]; v != nil && !had && !slices.Contains(exclusive, k) {
-			exclusive = append(exclusive, k)
-		}
+// settle answers every request of batch with r, a state the ConfigMap is
+// in for all of them (settled).
+func (w *Writer) settle(cw *cmWriter, batch []*request, r result) {
+	if r.state == Missing {
+		w.forgetLocked(cw)
 	}
-	return w.patch(ctx, cm, set, exclusive, cw)
+	finish(batch, r)
 }
 
 // patch sends set, decided on cm, as one per-key compare-and-swap patch
-// (exclusive: absent keys whose addition tests the resourceVersion) and
+// (keyPatch: a key absent from cm is guarded by its resourceVersion) and
 // records the write. The response is requested as metadata only: the
 // ConfigMap is not sent back and decoded for nothing.
-func (w *Writer) patch(ctx context.Context, cm *corev1.ConfigMap, set map[string]*string, exclusive []string, cw *cmWriter) error {
+func (w *Writer) patch(ctx context.Context, cm *corev1.ConfigMap, set map[string]*string, cw *cmWriter) error {
 	var p client.Patch
-	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, set, exclusive)
+	b, ok, err := keyPatch(cm.ResourceVersion, cm.Data, set)
 	if err == nil && !ok {
 		b, err = mergePatch(cm.ResourceVersion, set)
 		p = client.RawPatch(mergePatchType, b)
@@ -272,18 +241,6 @@ func (w *Writer) patch(ctx context.Context, cm *corev1.ConfigMap, set map[string
 	return nil
 }
 
-// settled maps an API error that ends the batch for every request in it:
-// the ConfigMap is gone, or the controller may not use it.
-func settled(err error) (result, bool) {
-	switch {
-	case apierrors.IsNotFound(err):
-		return result{state: Missing}, true
-	case apierrors.IsForbidden(err):
-		return result{state: Forbidden, renderErr: err}, true
-	}
-	return result{}, false
-}
-
 func finish(batch []*request, r result) {
 	for _, req := range batch {
 		req.done <- r
@@ -294,26 +251,4 @@ func finishEach(res map[*request]result) {
 	for req, r := range res {
 		req.done <- r
 	}
-}
-
-// applyBatched is Apply's path with a batch window: every ConfigMap's
-// change is submitted at once, then awaited.
-func (w *Writer) applyBatched(ctx context.Context, order []string, keys map[string][]string, changes map[string]changeFunc, routeNS string) ([]Outcome, []error) {
-	results := make([]result, len(order))
-	var wg sync.WaitGroup
-	for i, ref := range order {
-		wg.Go(func() { results[i] = w.submit(ctx, ref, routeNS, changes[ref]) })
-	}
-	wg.Wait()
-	var res []Outcome
-	var errs []error
-	for i, ref := range order {
-		r := results[i]
-		if r.err != nil {
-			errs = append(errs, r.err)
-			continue
-		}
-		res = append(res, Outcome{ConfigMap: ref, State: r.state, Keys: keys[ref], Err: r.renderErr, Blocked: r.blocked})
-	}
-	return res, errs
 }

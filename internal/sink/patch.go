@@ -25,13 +25,14 @@ type op struct {
 // remove); current is the data the values were rendered from.
 //
 // A key that was absent cannot be tested (JSON patch cannot test absence):
-// it is added without a test, unless it is in exclusive (other routes
-// claim it too); then the patch tests the ConfigMap's resourceVersion, so
-// two routes claiming one new key cannot both add it (the second re-reads,
-// and its guard sees the first one's mark). When the ConfigMap has no data
-// at all, ok is false: the caller falls back to a resourceVersion-guarded
-// merge patch (creating /data must not race another writer creating it).
-func keyPatch(resourceVersion string, current map[string]string, changed map[string]*string, exclusive []string) (patch []byte, ok bool, err error) {
+// when the patch adds one, it tests the ConfigMap's resourceVersion
+// instead, so two writers claiming one new key cannot both add it (the
+// second re-reads, and its guard sees the first one's mark), and a stale
+// read cannot add a key someone else has just added. When the ConfigMap
+// has no data at all, ok is false: the caller falls back to a
+// resourceVersion-guarded merge patch (creating /data must not race
+// another writer creating it).
+func keyPatch(resourceVersion string, current map[string]string, changed map[string]*string) (patch []byte, ok bool, err error) {
 	if current == nil {
 		return nil, false, nil
 	}
@@ -42,7 +43,7 @@ func keyPatch(resourceVersion string, current map[string]string, changed map[str
 	slices.Sort(keys)
 	var ops []op
 	for _, k := range keys {
-		if _, had := current[k]; !had && changed[k] != nil && slices.Contains(exclusive, k) {
+		if _, had := current[k]; !had && changed[k] != nil {
 			rv := resourceVersion
 			ops = append(ops, op{Op: "test", Path: "/metadata/resourceVersion", Value: &rv})
 			break

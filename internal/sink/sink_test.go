@@ -57,7 +57,7 @@ func (c *patchCounter) Patch(ctx context.Context, obj client.Object, p client.Pa
 
 var nsSeq atomic.Int64
 
-func setup(t *testing.T, data map[string]string, annotations map[string]string) (ns string) {
+func setup(t testing.TB, data map[string]string, annotations map[string]string) (ns string) {
 	t.Helper()
 	ctx := context.Background()
 	ns = fmt.Sprintf("sink-%d", nsSeq.Add(1))
