@@ -102,6 +102,7 @@ func (r *Reconciler) checkOutputs(ctx context.Context, st *state) error {
 	if err != nil {
 		return fmt.Errorf("check outputs: %w", err)
 	}
+	st.written = outcomes
 	r.outcomeProblems(st, outcomes)
 	return nil
 }
