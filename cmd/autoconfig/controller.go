@@ -189,6 +189,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		CompileOptions:    compiler.Options{SockDir: o.sockDir},
 		Namespaces:        o.namespaces,
 		TrustedNamespaces: o.trusted,
+		Routes:            controller.NewRouteState(),
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.maxConcurrent); err != nil {
 		return fmt.Errorf("set up controller: %w", err)
