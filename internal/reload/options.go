@@ -168,7 +168,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
 	fs.StringVar(&o.WriteDir, "write-dir", "", "API mode: directory the ConfigMap's keys are written into, in kubelet's ..data layout (also watched)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "with --configmap or --pod-name: kubeconfig file (default: in-cluster config)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "with --configmap or --pod-name: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.PodName, "pod-name", "", "the sidecar's own Pod (set PS_POD_NAME from the downward API, metadata.name): after the target loads a content, the ID of each key it loaded is recorded in the Pod's annotation "+served.Annotation+", which the controller reads to tell which pods serve a route's current output; needs get and patch on pods")
 	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "namespace of --pod-name (PS_POD_NAMESPACE from the downward API, metadata.namespace)")
 }

@@ -120,7 +120,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Reloader, 
 	}
 	var cs kubernetes.Interface
 	if o.ConfigMap != "" || o.PodName != "" {
-		cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
+		cfg, err := kubeclient.Config(o.Kubeconfig, "")
 		if err != nil {
 			return nil, err
 		}
