@@ -135,11 +135,11 @@ func (o *controllerOptions) Validate() error {
 	return errors.Join(errs...)
 }
 
-// restConfig is the API server config with the flags' rate limits, which
-// replace both client-go's default for a kubeconfig (5 QPS) and
-// controller-runtime's in-cluster one (20 QPS).
+// restConfig is the API server config (internal/kubeclient) with the
+// flags' rate limits, which replace client-go's default (5 QPS) in-cluster
+// and with a kubeconfig alike.
 func (o *controllerOptions) restConfig() (*rest.Config, error) {
-	cfg, err := kubeclient.Config(o.kubeconfig, ctrl.GetConfig)
+	cfg, err := kubeclient.Config(o.kubeconfig, "")
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}

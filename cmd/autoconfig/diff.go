@@ -12,12 +12,12 @@ import (
 	"github.com/spf13/pflag"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/kubeclient"
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -59,18 +59,13 @@ func (o *clusterOptions) compileOptions() compiler.Options {
 
 // client builds the live client and the namespace routes default to.
 func (o *clusterOptions) client() (client.Client, string, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: o.context})
-	cfg, err := cc.ClientConfig()
+	cfg, contextNS, err := kubeclient.Load(o.kubeconfig, o.context)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
 	ns := o.namespace
 	if ns == "" {
-		if ns, _, err = cc.Namespace(); err != nil || ns == "" {
-			ns = "default"
-		}
+		ns = contextNS
 	}
 	scheme, err := routeScheme()
 	if err != nil {

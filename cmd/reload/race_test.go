@@ -77,8 +77,8 @@ func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
 	// shared nginx with 300 routes it takes about 160 ms. The sleep after
 	// the real check gives it that length.
 	check := append([]string{"bash", "-c", `"$@" && sleep 0.15`, "check"}, n.TestCommand()...)
-	h := runReloader(t, &reload.Reloader{Dirs: []string{dir}, Process: n.MasterMatch(), CheckCmd: check,
-		Debounce: 20 * time.Millisecond, MaxDelay: 100 * time.Millisecond, Signaller: w})
+	h := runReloader(t, reload.Options{WatchDirs: []string{dir}, Process: n.MasterMatch(), CheckCmd: reloadtest.CommandLine(check...),
+		Debounce: 20 * time.Millisecond, MaxDelay: 100 * time.Millisecond}, w)
 
 	intervals := []time.Duration{0, 10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
 	const perInterval = 34 // 204 swaps
@@ -129,20 +129,25 @@ func (p *inProcess) outcomes() []reload.Outcome {
 	return append([]reload.Outcome(nil), p.out...)
 }
 
-func runReloader(t *testing.T, r *reload.Reloader) *inProcess {
+// runReloader runs the Reloader New builds from o, its signals sent through
+// sig (reload.TestHooks), until the test ends.
+func runReloader(t *testing.T, o reload.Options, sig reload.Signaller) *inProcess {
 	t.Helper()
 	p := &inProcess{}
-	r.OnReload = func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() }
-	r.Started = make(chan struct{})
-	if r.Log == nil {
-		sink := &testbin.SyncBuffer{}
-		r.Log = slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("reloader log:\n%s", sink.String())
-			}
-		})
+	sink := &testbin.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("reloader log:\n%s", sink.String())
+		}
+	})
+	r, err := reload.New(o, slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	r.SetTestHooks(reload.TestHooks{
+		Signaller: sig,
+		OnReload:  func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() },
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -153,7 +158,7 @@ func runReloader(t *testing.T, r *reload.Reloader) *inProcess {
 		}
 	})
 	select {
-	case <-r.Started:
+	case <-r.Started():
 	case err := <-done:
 		t.Fatalf("reloader stopped: %v", err)
 	}

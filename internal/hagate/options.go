@@ -73,7 +73,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.RenewDeadline, "renew-deadline", DefaultRenewDeadline, "how long the leader retries renewing before it steps down and drops its label (< --lease-duration)")
 	fs.DurationVar(&o.RetryPeriod, "retry-period", DefaultRetryPeriod, "how often candidates try to acquire or renew the Lease")
 	fs.DurationVar(&o.Interval, "interval", DefaultInterval, "how often the pod's label is compared with the desired state and fixed")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means the in-cluster service account")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "address serving /metrics (and /healthz); empty disables")
 	fs.StringVar(&o.HealthAddr, "health-addr", DefaultHealthAddr, "address serving /healthz; empty or equal to --metrics-addr serves it only there")
 }

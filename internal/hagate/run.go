@@ -48,7 +48,7 @@ func Run(ctx context.Context, o *Options, logger *slog.Logger) error {
 	// client-go's leader election logs through klog; send it to the same
 	// handler so one pod has one log format.
 	klog.SetSlogLogger(logger)
-	cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
+	cfg, err := kubeclient.Config(o.Kubeconfig, "")
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}

@@ -32,14 +32,14 @@ type quarantined struct {
 	err  string // the check's output
 }
 
-// apply writes the desired content into WriteDir. Without --check-cmd it
-// is written as is. With it, every version on disk has passed the check:
-// when the whole desired content fails, the keys whose new version causes
-// it are found (one check per changed key at most) and quarantined — their
-// last good version stays — and the rest is written, so one broken route
-// never holds back the others.
+// apply writes the desired content into the --write-dir. Without
+// --check-cmd it is written as is. With it, every version on disk has
+// passed the check: when the whole desired content fails, the keys whose
+// new version causes it are found (one check per changed key at most) and
+// quarantined — their last good version stays — and the rest is written,
+// so one broken route never holds back the others.
 func (r *Reloader) apply(ctx context.Context, force bool) next {
-	desired, version, ok := r.Source.Desired()
+	desired, version, ok := r.source.Desired()
 	if !ok || (!force && (version == r.appliedFor || version == r.refusedFor)) {
 		// Applied, or refused as a whole (the check fails without its
 		// changes too): only a new version or the resync tries again —
@@ -48,7 +48,7 @@ func (r *Reloader) apply(ctx context.Context, force bool) next {
 		return nextDone
 	}
 	r.refusedFor = ""
-	if len(r.CheckCmd) == 0 {
+	if len(r.checkCmd) == 0 {
 		if err := r.write(desired); err != nil {
 			return nextRetry
 		}
@@ -60,7 +60,7 @@ func (r *Reloader) apply(ctx context.Context, force bool) next {
 		return n
 	}
 	r.appliedFor = version
-	r.Source.Applied()
+	r.source.Applied()
 	return nextDone
 }
 
@@ -97,7 +97,7 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 		if writeErr = r.write(cand); writeErr != nil {
 			return false
 		}
-		snap, err := r.Snapshot(r.Dirs)
+		snap, err := r.snapshot(r.dirs)
 		if err != nil {
 			writeErr = err
 			return false
@@ -111,7 +111,7 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 			}
 			return false
 		}
-		if id, err := ContentID(r.Dirs); err == nil && id == snap.ID {
+		if id, err := ContentID(r.dirs); err == nil && id == snap.ID {
 			r.checked = snap.Fingerprint
 		}
 		accepted = cand
@@ -156,17 +156,17 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 		}
 	}
 	if !one(rest, true) || !one(suspects, false) {
-		r.Log.Error("cannot write the configmap's keys; retrying", "dir", r.WriteDir, "err", writeErr)
+		r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", writeErr)
 		return nextRetry
 	}
 	if len(bad) == len(changed) && !try(nil) {
 		if writeErr != nil {
-			r.Log.Error("cannot write the configmap's keys; retrying", "dir", r.WriteDir, "err", writeErr)
+			r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", writeErr)
 			return nextRetry
 		}
 		// Not the new versions' fault: the check fails without them too.
-		r.Metrics.Reloads.WithLabelValues(ResultCheckFailed).Inc()
-		r.Log.Error("configuration check fails on the last good content too, so no key is to blame: nothing quarantined, nothing signalled; retried at the next change or resync",
+		r.metrics.Reloads.WithLabelValues(ResultCheckFailed).Inc()
+		r.log.Error("configuration check fails on the last good content too, so no key is to blame: nothing quarantined, nothing signalled; retried at the next change or resync",
 			"keys", changed, "err", refused[""])
 		r.setQuarantine(desired, nil)
 		return nextResync
@@ -192,16 +192,16 @@ func (r *Reloader) setQuarantine(desired map[string][]byte, q map[string]quarant
 			continue
 		}
 		_, present := desired[k]
-		r.Log.Error("quarantined: the new version of this key fails the check; its last good version stays and every other key is loaded",
+		r.log.Error("quarantined: the new version of this key fails the check; its last good version stays and every other key is loaded",
 			"key", k, "removal", !present, "err", q[k].err)
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.quarantine)) {
 		if _, ok := q[k]; !ok {
-			r.Log.Info("released from quarantine: the key's current version is loaded", "key", k)
+			r.log.Info("released from quarantine: the key's current version is loaded", "key", k)
 		}
 	}
 	r.quarantine = q
-	r.Metrics.QuarantinedKeys.Set(float64(len(q)))
+	r.metrics.QuarantinedKeys.Set(float64(len(q)))
 }
 
 func (r *Reloader) quarantinedKeys() []string {
@@ -211,19 +211,19 @@ func (r *Reloader) quarantinedKeys() []string {
 	return slices.Sorted(maps.Keys(r.quarantine))
 }
 
-// write shows files in WriteDir, counting the result.
+// write shows files in the --write-dir, counting the result.
 func (r *Reloader) write(files map[string][]byte) error {
-	changed, err := r.Write(r.WriteDir, files, r.Now())
+	changed, err := r.writeFiles(r.writeDir, files, r.now())
 	switch {
 	case err != nil:
-		r.Metrics.ConfigMapWrites.WithLabelValues("error").Inc()
-		r.Log.Error("cannot write the configmap's keys; retrying", "dir", r.WriteDir, "err", err)
+		r.metrics.ConfigMapWrites.WithLabelValues("error").Inc()
+		r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", err)
 	case changed:
-		r.Metrics.ConfigMapWrites.WithLabelValues("written").Inc()
-		r.Metrics.LastConfigMapWrite.Set(float64(r.Now().Unix()))
-		r.Log.Debug("wrote the configmap's keys", "dir", r.WriteDir, "keys", len(files))
+		r.metrics.ConfigMapWrites.WithLabelValues("written").Inc()
+		r.metrics.LastConfigMapWrite.Set(float64(r.now().Unix()))
+		r.log.Debug("wrote the configmap's keys", "dir", r.writeDir, "keys", len(files))
 	default:
-		r.Metrics.ConfigMapWrites.WithLabelValues("unchanged").Inc()
+		r.metrics.ConfigMapWrites.WithLabelValues("unchanged").Inc()
 	}
 	return err
 }

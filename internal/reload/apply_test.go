@@ -51,11 +51,11 @@ func (s *staticSource) Applied()                 { s.mu.Lock(); s.applied++; s.m
 func TestQuarantineSearchIsBounded(t *testing.T) {
 	dir := t.TempDir()
 	calls := filepath.Join(t.TempDir(), "calls")
-	check := []string{"bash", "-c", `echo >> "$1"; for f in "$0"/*; do grep -q broken "$f" && { echo "broken in $f:1"; exit 1; }; done; exit 0`, dir, calls}
+	check := reloadtest.CommandLine("bash", "-c", `echo >> "$1"; for f in "$0"/*; do grep -q broken "$f" && { echo "broken in $f:1"; exit 1; }; done; exit 0`, dir, calls)
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
 	src := newStaticSource()
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, CheckCmd: check, Source: src, WriteDir: dir})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, CheckCmd: check}, apiMode(src, dir))
 
 	src.set(map[string]string{"a.conf": "a1", "b.conf": "b1", "c.conf": "c1"})
 	reloadtest.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
@@ -91,7 +91,7 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 	if strings.Join(last.Quarantined, ",") != "b.conf,e.conf" {
 		t.Fatalf("quarantined %v, want b.conf, e.conf", last.Quarantined)
 	}
-	if v := gaugeValue(t, h.r.Metrics.QuarantinedKeys); v != 2 {
+	if v := gaugeValue(t, h.r.metrics.QuarantinedKeys); v != 2 {
 		t.Fatalf("quarantined_keys %v, want 2", v)
 	}
 	b, _ := os.ReadFile(calls)
@@ -114,7 +114,7 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 	// Both fixed: released.
 	src.set(map[string]string{"a.conf": "a3", "b.conf": "b2", "c.conf": "c2", "d.conf": "d1", "e.conf": "e1"})
 	reloadtest.WaitFor(t, wait, "the fourth reload", func() bool { return cart.Count() == 4 })
-	if v := gaugeValue(t, h.r.Metrics.QuarantinedKeys); v != 0 {
+	if v := gaugeValue(t, h.r.metrics.QuarantinedKeys); v != 0 {
 		t.Fatalf("quarantined_keys %v after the fix, want 0", v)
 	}
 }
@@ -128,18 +128,18 @@ func TestCheckFailingWithoutTheChangeBlamesNoKey(t *testing.T) {
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
 	src := newStaticSource()
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Source: src, WriteDir: dir,
-		CheckCmd: []string{"bash", "-c", `[ ! -e "$0" ]`, flag}})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name,
+		CheckCmd: reloadtest.CommandLine("bash", "-c", `[ ! -e "$0" ]`, flag)}, apiMode(src, dir))
 	src.set(map[string]string{"a.conf": "a1"})
 	reloadtest.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	src.set(map[string]string{"a.conf": "a2"})
-	reloadtest.WaitFor(t, wait, "the refused check", func() bool { return counterValue(t, h.r.Metrics, ResultCheckFailed) >= 1 })
+	reloadtest.WaitFor(t, wait, "the refused check", func() bool { return counterValue(t, h.r.metrics, ResultCheckFailed) >= 1 })
 	time.Sleep(300 * time.Millisecond) // would a signal follow? (none may)
-	if cart.Count() != 1 || gaugeValue(t, h.r.Metrics.QuarantinedKeys) != 0 {
-		t.Fatalf("HUPs %d (want 1), quarantined %v (want 0)", cart.Count(), gaugeValue(t, h.r.Metrics.QuarantinedKeys))
+	if cart.Count() != 1 || gaugeValue(t, h.r.metrics.QuarantinedKeys) != 0 {
+		t.Fatalf("HUPs %d (want 1), quarantined %v (want 0)", cart.Count(), gaugeValue(t, h.r.metrics.QuarantinedKeys))
 	}
 	if got, _ := os.ReadFile(filepath.Join(dir, "a.conf")); string(got) != "a1" {
 		t.Fatalf("a.conf %q, want the last good a1", got)

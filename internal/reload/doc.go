@@ -23,9 +23,14 @@
 //   - atomicwriter.go, configmap.go: API mode, which writes one ConfigMap's
 //     keys in kubelet's layout without kubelet's 60–90 s delay.
 //
-//   - options.go, run.go: the flags (each also a PS_ variable), Command, the
-//     binary for internal/cli, and Run, which wires the pieces and serves
-//     /metrics, /healthz and /readyz.
+//   - options.go, run.go: Options, the configuration the flags fill (each
+//     flag also a PS_ variable); New, which checks a copy of them, fills in
+//     the defaults and builds a Reloader whose state is its own; Command,
+//     the binary for internal/cli; and Run, which serves /metrics,
+//     /healthz and /readyz beside the Reloader.
+//
+//   - testhooks.go: the one way in for a test outside the package (a
+//     Signaller in place of kill(2), an observer of every attempt).
 //
 // It must not import CUE or controller-runtime: the sidecar stays small.
 package reload

@@ -3,6 +3,7 @@ package reload
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -65,23 +66,48 @@ const DefaultCheckTimeout = 30 * time.Second
 // links inject (<SERVICE>_SERVICE_HOST, <SERVICE>_PORT…).
 const EnvPrefix = cli.EnvPrefix
 
-// Options are the sidecar's flags (the log flags are the shared ones of
-// internal/cli).
+// Options configure the sidecar. The flags fill them (AddFlags, ApplyEnv,
+// Validate); New takes a copy and fills a zero duration, Signal or
+// ProcRoot with its default, so a caller (a test) sets only what it needs.
+// Nothing else is in here: the Reloader keeps its state to itself. The log
+// flags are the shared ones of internal/cli.
 type Options struct {
-	WatchDirs     []string
-	Process       string
-	SockDir       string
-	CheckCmd      string
-	Signal        string
-	Debounce      time.Duration
+	// WatchDirs are the directories watched and fingerprinted (kubelet
+	// ConfigMap mounts or plain directories).
+	WatchDirs []string
+	// Process matches the target's argv[0] (MatchArgv0).
+	Process string
+	// SockDir, if set, is where the per-route unix sockets are: stale ones
+	// are removed before signalling, and the engine's control socket there
+	// takes peers tables without a reload (push.go).
+	SockDir string
+	// CheckCmd is run before signalling (SplitCommand splits it).
+	CheckCmd string
+	// Signal is sent to the target (ParseSignal; default HUP).
+	Signal   string
+	Debounce time.Duration
+	// MaxDelay bounds the wait for quiet: a change is acted on at most
+	// this long after it was first seen, however many events follow
+	// (default: DefaultMaxDelay, or Debounce if that is longer).
 	MaxDelay      time.Duration
 	VerifyTimeout time.Duration
-	CheckTimeout  time.Duration
-	SockSweep     time.Duration
-	Resync        time.Duration
-	RetryMax      time.Duration
-	MetricsAddr   string
-	ProcRoot      string
+	// CheckTimeout bounds one CheckCmd run.
+	CheckTimeout time.Duration
+	// SockSweep is how often, with SockDir, the target's pid is checked;
+	// when it changed or the target is gone, stale sockets are removed
+	// without waiting for a configuration change.
+	SockSweep time.Duration
+	// Resync is how often the content is compared with what the target
+	// last loaded even without an event; it also retries a content the
+	// check or the target refused.
+	Resync time.Duration
+	// RetryMax caps the backoff of retries after an error (no process,
+	// unreadable directories, a failed write, a refused signal).
+	RetryMax time.Duration
+	// MetricsAddr is where Run serves /metrics, /healthz and /readyz
+	// ("" = nowhere); New does not use it.
+	MetricsAddr string
+	ProcRoot    string // default /proc
 
 	ConfigMap  string // ns/name, API mode
 	WriteDir   string
@@ -91,6 +117,37 @@ type Options struct {
 	// report goes there (served.go).
 	PodName      string
 	PodNamespace string
+}
+
+// withDefaults is a copy of o with every zero duration, Signal and
+// ProcRoot set to its default; WatchDirs is copied too.
+func (o Options) withDefaults() Options {
+	o.WatchDirs = slices.Clone(o.WatchDirs)
+	if o.Signal == "" {
+		o.Signal = "HUP"
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&o.Debounce, DefaultDebounce},
+		{&o.VerifyTimeout, DefaultVerifyTimeout},
+		{&o.CheckTimeout, DefaultCheckTimeout},
+		{&o.SockSweep, DefaultSockSweep},
+		{&o.Resync, DefaultResync},
+		{&o.RetryMax, DefaultRetryMax},
+	} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if o.MaxDelay == 0 {
+		o.MaxDelay = max(DefaultMaxDelay, o.Debounce)
+	}
+	if o.ProcRoot == "" {
+		o.ProcRoot = "/proc"
+	}
+	return o
 }
 
 // AddFlags registers the options on fs with their defaults.
@@ -111,7 +168,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
 	fs.StringVar(&o.WriteDir, "write-dir", "", "API mode: directory the ConfigMap's keys are written into, in kubelet's ..data layout (also watched)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "with --configmap or --pod-name: kubeconfig file (default: in-cluster config)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "with --configmap or --pod-name: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.PodName, "pod-name", "", "the sidecar's own Pod (set PS_POD_NAME from the downward API, metadata.name): after the target loads a content, the ID of each key it loaded is recorded in the Pod's annotation "+served.Annotation+", which the controller reads to tell which pods serve a route's current output; needs get and patch on pods")
 	fs.StringVar(&o.PodNamespace, "pod-namespace", "", "namespace of --pod-name (PS_POD_NAMESPACE from the downward API, metadata.namespace)")
 }

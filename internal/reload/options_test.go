@@ -3,6 +3,8 @@ package reload
 import (
 	"io"
 	"os"
+	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -10,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 )
 
 func TestSplitCommand(t *testing.T) {
@@ -111,4 +115,57 @@ func TestDocsListEveryFlag(t *testing.T) {
 			t.Errorf("docs/reload.md's flag table has no row for --%s", f.Name)
 		}
 	})
+}
+
+// TestCommandLineRoundTrips: the tests give --check-cmd argv through
+// reloadtest.CommandLine; SplitCommand must give the same argv back.
+func TestCommandLineRoundTrips(t *testing.T) {
+	for _, args := range [][]string{
+		{"bash", "-c", `[ ! -e "$0" ] || { echo "check: busy"; exit 1; }`, "/tmp/x y"},
+		{"sh", "-c", `echo 'quoted' "$@"`, ""},
+	} {
+		got, err := SplitCommand(reloadtest.CommandLine(args...))
+		if err != nil || !slices.Equal(got, args) {
+			t.Errorf("SplitCommand(CommandLine(%q)) = %q, %v", args, got, err)
+		}
+	}
+}
+
+// TestNewKeepsTheCallersOptions: New fills the defaults into its own copy
+// and leaves the caller's Options as they were; options it cannot run are
+// an error.
+func TestNewKeepsTheCallersOptions(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{WatchDirs: []string{dir}, Process: "x", Debounce: 3 * time.Second}
+	before := o
+	before.WatchDirs = slices.Clone(o.WatchDirs)
+	r, err := New(o, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(o, before) {
+		t.Fatalf("New changed its argument: %+v, was %+v", o, before)
+	}
+	if &r.dirs[0] == &o.WatchDirs[0] {
+		t.Fatal("the Reloader shares the caller's WatchDirs")
+	}
+	got := r.opts
+	if got.Debounce != 3*time.Second || got.MaxDelay != 3*time.Second || got.VerifyTimeout != DefaultVerifyTimeout ||
+		got.CheckTimeout != DefaultCheckTimeout || got.SockSweep != DefaultSockSweep || got.Resync != DefaultResync ||
+		got.RetryMax != DefaultRetryMax || got.ProcRoot != "/proc" || r.signal != syscall.SIGHUP || r.checkCmd != nil {
+		t.Fatalf("resolved options %+v, signal %v", got, r.signal)
+	}
+	for _, bad := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{WatchDirs: []string{dir}}, "--process is required"},
+		{Options{WatchDirs: []string{filepath.Join(dir, "missing")}, Process: "x"}, "not a readable directory"},
+		{Options{WatchDirs: []string{dir}, Process: "x", Debounce: time.Second, MaxDelay: time.Millisecond}, "--max-delay"},
+		{Options{WatchDirs: []string{dir}, Process: "x", Signal: "KILL"}, "--signal"},
+	} {
+		if _, err := New(bad.o, nil, nil); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("New(%+v): %v, want an error about %s", bad.o, err, bad.want)
+		}
+	}
 }

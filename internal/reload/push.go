@@ -60,10 +60,10 @@ type pushAnswer struct {
 
 // controlPath is the engine's control socket ("" without --sock-dir).
 func (r *Reloader) controlPath() string {
-	if r.SockDir == "" {
+	if r.opts.SockDir == "" {
 		return ""
 	}
-	return filepath.Join(r.SockDir, peers.ControlSocket)
+	return filepath.Join(r.opts.SockDir, peers.ControlSocket)
 }
 
 // takesPeers reports whether the engine listens on its control socket.
@@ -103,7 +103,7 @@ func (r *Reloader) controlClient() *http.Client {
 // nextSerial is a push serial larger than every earlier one of this
 // sidecar and, through the clock, of an earlier sidecar of this pod.
 func (r *Reloader) nextSerial() int64 {
-	s := max(r.Now().UnixMilli(), r.serial+1)
+	s := max(r.now().UnixMilli(), r.serial+1)
 	r.serial = s
 	return s
 }
@@ -124,7 +124,7 @@ func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error
 	// shutdown), and its lua state predates the reload's new routes
 	// (measured: a 404 9 ms after the new workers were seen). Ask again
 	// for a moment before concluding the engine lacks the route.
-	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && r.Now().Sub(r.reloadedAt) < noRouteWindow; i++ {
+	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && r.now().Sub(r.reloadedAt) < noRouteWindow; i++ {
 		select {
 		case <-ctx.Done():
 			return t, err
@@ -188,7 +188,7 @@ func (r *Reloader) pushOnce(ctx context.Context, t peers.Table, content []byte, 
 // readKey reads key from the first watched directory holding it and
 // checks it is the content the snapshot saw (sum).
 func (r *Reloader) readKey(key, sum string) ([]byte, error) {
-	for _, d := range r.Dirs {
+	for _, d := range r.dirs {
 		b, err := os.ReadFile(filepath.Join(d, key))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -238,7 +238,7 @@ func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string) (
 		servedKeys = map[string]string{}
 	}
 	for _, k := range keys {
-		start := r.Now()
+		start := r.now()
 		b, rerr := r.readKey(k, snap.Keys[k])
 		if errors.Is(rerr, errContentMoved) {
 			return servedKeys, refused, rerr
@@ -247,23 +247,23 @@ func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string) (
 		if rerr == nil {
 			t, rerr = r.push(ctx, b)
 		}
-		r.Metrics.PushDuration.Observe(r.Now().Sub(start).Seconds())
+		r.metrics.PushDuration.Observe(r.now().Sub(start).Seconds())
 		switch {
 		case rerr == nil:
-			r.Metrics.Pushes.WithLabelValues(PushAccepted).Inc()
+			r.metrics.Pushes.WithLabelValues(PushAccepted).Inc()
 			servedKeys[k] = snap.Keys[k]
 			r.accepted[t.Route] = t.Version
-			r.Log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", r.Now().Sub(start).Round(time.Microsecond))
+			r.log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", r.now().Sub(start).Round(time.Microsecond))
 		case errors.Is(rerr, errNoRoute):
-			r.Metrics.Pushes.WithLabelValues(PushNoRoute).Inc()
+			r.metrics.Pushes.WithLabelValues(PushNoRoute).Inc()
 			return servedKeys, refused, rerr
 		default:
 			res := PushError
 			if errors.Is(rerr, errRefused) {
 				res = PushRefused
 			}
-			r.Metrics.Pushes.WithLabelValues(res).Inc()
-			r.Log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", rerr)
+			r.metrics.Pushes.WithLabelValues(res).Inc()
+			r.log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", rerr)
 			refused = append(refused, k)
 		}
 	}
@@ -291,7 +291,7 @@ func (r *Reloader) pushAll(ctx context.Context, snap Snapshot) (servedKeys map[s
 	}
 	servedKeys, refused, err := r.pushKeys(ctx, snap, keys)
 	if err != nil {
-		r.Log.Error("peers tables not pushed; retrying", "err", err)
+		r.log.Error("peers tables not pushed; retrying", "err", err)
 		return servedKeys, false
 	}
 	return servedKeys, len(refused) == 0
@@ -301,25 +301,25 @@ func (r *Reloader) pushAll(ctx context.Context, snap Snapshot) (servedKeys map[s
 // when every table was accepted (or refused by the engine: retried at the
 // resync), and ok false when a reload must come first.
 func (r *Reloader) pushFor(ctx context.Context, snap Snapshot, keys []string) (next, bool) {
-	start := r.Now()
+	start := r.now()
 	servedKeys, refused, err := r.pushKeys(ctx, snap, keys)
 	switch {
 	case errors.Is(err, errContentMoved):
 		return nextSettle, true
 	case errors.Is(err, errNoRoute):
-		r.Log.Info("the engine does not know a route of this change yet; reloading")
+		r.log.Info("the engine does not know a route of this change yet; reloading")
 		return nextDone, false
 	}
 	r.loadedKeys = servedKeys
 	if len(refused) == 0 {
 		r.loaded = snap.Fingerprint
 	}
-	r.Log.Info("peers pushed: no reload", "keys", len(keys), "refused", refused, "elapsed", r.Now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
-	if r.Report != nil {
-		r.Report(r.servedReportKeys(servedKeys, served.HowPush))
+	r.log.Info("peers pushed: no reload", "keys", len(keys), "refused", refused, "elapsed", r.now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
+	if r.report != nil {
+		r.report(r.servedReportKeys(servedKeys, served.HowPush))
 	}
-	if r.OnPush != nil {
-		r.OnPush(keys, refused)
+	if r.onPush != nil {
+		r.onPush(keys, refused)
 	}
 	if len(refused) > 0 {
 		return nextResync, true
@@ -330,7 +330,7 @@ func (r *Reloader) pushFor(ctx context.Context, snap Snapshot, keys []string) (n
 // servedReportKeys is the report of what the engine serves: keys by their
 // full hash, and the peers versions it acknowledged.
 func (r *Reloader) servedReportKeys(keys map[string]string, how string) served.Report {
-	rep := servedReport(Snapshot{Keys: keys}, how, r.Now())
+	rep := servedReport(Snapshot{Keys: keys}, how, r.now())
 	if len(r.accepted) > 0 {
 		rep.Peers = maps.Clone(r.accepted)
 	}
@@ -343,7 +343,7 @@ func (r *Reloader) repushAll(ctx context.Context) {
 	if !r.takesPeers() {
 		return
 	}
-	snap, err := r.Snapshot(r.Dirs)
+	snap, err := r.snapshot(r.dirs)
 	if err != nil {
 		return
 	}
@@ -355,21 +355,21 @@ func (r *Reloader) repushAll(ctx context.Context) {
 	}
 	_, refused, err := r.pushKeys(ctx, snap, keys)
 	if err != nil || len(refused) > 0 {
-		r.Log.Info("peers tables not all pushed to the engine; retrying at the next sweep", "err", err, "refused", refused)
+		r.log.Info("peers tables not all pushed to the engine; retrying at the next sweep", "err", err, "refused", refused)
 		return
 	}
 	r.repush = false
-	r.Log.Info("peers tables pushed to the engine", "tables", len(keys))
+	r.log.Info("peers tables pushed to the engine", "tables", len(keys))
 }
 
 // peersOnlyDesired reports, in API mode with the engine on its control
 // socket, whether the desired content differs from what is applied in
 // peers tables only (changed, never added or removed).
 func (r *Reloader) peersOnlyDesired() bool {
-	if r.Source == nil || r.SockDir == "" {
+	if r.source == nil || r.opts.SockDir == "" {
 		return false
 	}
-	desired, _, ok := r.Source.Desired()
+	desired, _, ok := r.source.Desired()
 	if !ok || len(desired) != len(r.applied) {
 		return false
 	}

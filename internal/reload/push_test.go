@@ -130,9 +130,8 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	target := reloadtest.StartHUPCounter(t, name)
 	var rep reports
 	pushed := make(chan []string, 10)
-	r := &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Report: rep.add, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond}
-	r.OnPush = func(keys, _ []string) { pushed <- keys }
-	startReloader(t, r)
+	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond},
+		reportTo(rep.add), func(r *Reloader) { r.onPush = func(keys, _ []string) { pushed <- keys } })
 	// At start the tables are pushed once the engine listens.
 	_, v0 := table(t, "r", "10.0.0.1")
 	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
@@ -184,8 +183,8 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
 	var rep reports
-	r := &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Report: rep.add, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond}
-	h := startReloader(t, r)
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
+		reportTo(rep.add))
 	_ = h
 	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
@@ -219,7 +218,7 @@ func TestNoControlSocketReloads(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, f0)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, Debounce: 20 * time.Millisecond})
+	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, Debounce: 20 * time.Millisecond})
 	f1, _ := dynFiles(t, "conf\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
 	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
@@ -239,7 +238,7 @@ func TestPushAboveANewerSerial(t *testing.T) {
 	eng.mu.Unlock()
 	name := uniqueName("nginx-like")
 	reloadtest.StartHUPCounter(t, name)
-	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
+	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
 	reloadtest.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
 }
 
@@ -253,7 +252,7 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 	eng := startFakeEngine(t, sock)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
+	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
 	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.mu.Lock()

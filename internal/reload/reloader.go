@@ -7,14 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/modelsphere/autoconfig/internal/served"
 )
@@ -49,69 +48,54 @@ type Outcome struct {
 	Quarantined []string
 }
 
-// Reloader turns settled changes of Dirs into validated, verified signals
-// to the process matching Process. Fields are read-only after Run starts.
+// Reloader turns settled changes of the watched directories into
+// validated, verified signals to the target process. Build it with New
+// and start it with Run; everything in it is private: its configuration
+// is New's resolved copy of the Options, the rest is state owned by Run.
 type Reloader struct {
-	Dirs         []string       // directories watched and fingerprinted
-	Process      string         // --process
-	SockDir      string         // --sock-dir, "" = no socket cleanup
-	CheckCmd     []string       // --check-cmd argv, nil = no check
-	CheckTimeout time.Duration  // bound of one check run
-	Signal       syscall.Signal // default SIGHUP
-	Debounce     time.Duration
-	// MaxDelay bounds the wait for quiet: a change is acted on at most
-	// this long after it was first seen, however many events follow.
-	MaxDelay      time.Duration
-	VerifyTimeout time.Duration
-	// Resync is how often the content is compared with what the target
-	// last loaded even without an event; it also retries a content the
-	// check or the target refused.
-	Resync time.Duration
-	// RetryMax caps the backoff of retries after an error (no process,
-	// unreadable directories, a failed write, a refused signal).
-	RetryMax time.Duration
-	// SockSweep is how often, with SockDir, the target's pid is checked;
-	// when it changed or the target is gone, stale sockets are removed
-	// without waiting for a configuration change.
-	SockSweep time.Duration
-	ProcRoot  string // default /proc
-	Self      int    // our pid, never matched (default os.Getpid())
-	Signaller Signaller
-	Now       func() time.Time
-	Log       *slog.Logger
-	Metrics   *Metrics
+	// opts is the caller's Options with the defaults filled in (New).
+	opts     Options
+	dirs     []string       // watched and fingerprinted: --watch, plus --write-dir in API mode
+	checkCmd []string       // --check-cmd split, nil = no check
+	signal   syscall.Signal // --signal parsed
+	log      *slog.Logger
+	metrics  *Metrics
 
-	// Source, in API mode, supplies the content written into WriteDir
-	// (which is one of Dirs). Nil in mounted mode.
-	Source   Source
-	WriteDir string
-	// Write shows files in a directory (default WriteAtomic).
-	Write func(dir string, files map[string][]byte, now time.Time) (bool, error)
-	// Snapshot reads the watched directories (default TakeSnapshot).
-	Snapshot func(dirs []string) (Snapshot, error)
+	// source, in API mode, supplies the content written into writeDir
+	// (which is one of dirs). Nil in mounted mode.
+	source   Source
+	writeDir string
+	cmSync   *ConfigMapSync // the source New built from --configmap; Run runs it
+	// report, if set, is given what the target serves: the content
+	// present at start, then each content it was seen to load
+	// (served.go). It must not block.
+	report   func(served.Report)
+	reporter *PodReporter // the report New built from --pod-name; Run runs it
 
-	// Report, if set, is given what the target serves: the content present
-	// at start, then each content it was seen to load (served.go). It
-	// must not block.
-	Report func(served.Report)
+	// Seams: New sets the real ones; only tests replace them.
+	self       int       // our pid, never matched
+	signaller  Signaller // kill(2)
+	now        func() time.Time
+	writeFiles func(dir string, files map[string][]byte, now time.Time) (bool, error) // WriteAtomic
+	snapshot   func(dirs []string) (Snapshot, error)                                  // TakeSnapshot
 
-	// OnReload, if set, is called after every attempt (tests, benchmarks).
-	OnReload func(Outcome)
-	// OnPush, if set, is called after each peers-only change was pushed,
-	// with the keys pushed and those the engine refused (tests, benchmarks).
-	OnPush func(keys, refused []string)
-	// OnSettle, if set, is called each time the directories were looked
-	// at, with whether their visible content is new (tests).
-	OnSettle func(changed bool)
-	// Started, if set, is closed once the watches are in place.
-	Started chan struct{}
+	// Observers, nil outside tests (testhooks.go): after every attempt;
+	// after each peers-only change was pushed, with the keys pushed and
+	// those the engine refused; each time the directories were looked at,
+	// with whether their visible content is new.
+	onReload func(Outcome)
+	onPush   func(keys, refused []string)
+	onSettle func(changed bool)
+
+	ran     atomic.Bool
+	started chan struct{} // closed once the watches are in place
 
 	// State, owned by Run's goroutine.
 	lastPID    int               // target seen by the last socket sweep (0 = none)
 	loaded     string            // fingerprint of the content the target last loaded
 	checked    string            // fingerprint of a content that passed the check
 	seen       string            // fingerprint last counted as a change
-	applied    map[string][]byte // API mode: the accepted content WriteDir shows
+	applied    map[string][]byte // API mode: the accepted content writeDir shows
 	appliedFor string            // API mode: version of the desired content applied
 	refusedFor string            // API mode: version whose check failed even without its changes
 	quarantine map[string]quarantined
@@ -127,57 +111,6 @@ type Reloader struct {
 // RetryMax.
 const retryMin = 500 * time.Millisecond
 
-func (r *Reloader) defaults() {
-	if r.Signal == 0 {
-		r.Signal = syscall.SIGHUP
-	}
-	if r.Debounce <= 0 {
-		r.Debounce = DefaultDebounce
-	}
-	if r.MaxDelay < r.Debounce {
-		r.MaxDelay = max(DefaultMaxDelay, r.Debounce)
-	}
-	if r.VerifyTimeout <= 0 {
-		r.VerifyTimeout = DefaultVerifyTimeout
-	}
-	if r.SockSweep <= 0 {
-		r.SockSweep = DefaultSockSweep
-	}
-	if r.Resync <= 0 {
-		r.Resync = DefaultResync
-	}
-	if r.RetryMax <= 0 {
-		r.RetryMax = DefaultRetryMax
-	}
-	if r.CheckTimeout <= 0 {
-		r.CheckTimeout = DefaultCheckTimeout
-	}
-	if r.ProcRoot == "" {
-		r.ProcRoot = "/proc"
-	}
-	if r.Self == 0 {
-		r.Self = os.Getpid()
-	}
-	if r.Signaller == nil {
-		r.Signaller = KillSignaller{}
-	}
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	if r.Log == nil {
-		r.Log = slog.New(slog.DiscardHandler)
-	}
-	if r.Metrics == nil {
-		r.Metrics = NewMetrics(prometheus.NewRegistry())
-	}
-	if r.Write == nil {
-		r.Write = WriteAtomic
-	}
-	if r.Snapshot == nil {
-		r.Snapshot = TakeSnapshot
-	}
-}
-
 // next is what the loop does after an attempt.
 type next int
 
@@ -188,21 +121,21 @@ const (
 	nextResync             // a verdict on this content (check failed, reload refused): retried at the resync tick or on a change
 )
 
-// Run watches Dirs until ctx is done. The content present at start is taken
-// as already loaded by the target: only later changes reload.
-func (r *Reloader) Run(ctx context.Context) error {
-	r.defaults()
+// watch is the loop: it watches the directories until ctx is done. The
+// content present at start is taken as already loaded by the target: only
+// later changes reload.
+func (r *Reloader) watch(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("start watcher: %w", err)
 	}
 	defer w.Close()
-	for _, d := range r.Dirs {
+	for _, d := range r.dirs {
 		if err := w.Add(d); err != nil {
 			return fmt.Errorf("watch %s: %w", d, err)
 		}
 	}
-	snap, err := r.Snapshot(r.Dirs)
+	snap, err := r.snapshot(r.dirs)
 	if err != nil {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
@@ -211,22 +144,20 @@ func (r *Reloader) Run(ctx context.Context) error {
 	// The engine may have started with an older table than the files
 	// show (or none): push them all once it listens.
 	r.repush = len(peersKeys(snap.Keys)) > 0
-	if r.Report != nil {
-		r.Report(servedReport(snap, served.HowStart, r.Now()))
+	if r.report != nil {
+		r.report(servedReport(snap, served.HowStart, r.now()))
 	}
 	var changes <-chan struct{}
-	if r.Source != nil {
-		if r.applied, err = readFiles(r.WriteDir); err != nil {
+	if r.source != nil {
+		if r.applied, err = readFiles(r.writeDir); err != nil {
 			return fmt.Errorf("read --write-dir: %w", err)
 		}
-		changes = r.Source.Changed()
+		changes = r.source.Changed()
 	}
-	r.Log.Info("watching", "dirs", r.Dirs, "process", r.Process, "debounce", r.Debounce, "maxDelay", r.MaxDelay, "resync", r.Resync)
-	if r.Started != nil {
-		close(r.Started)
-	}
+	r.log.Info("watching", "dirs", r.dirs, "process", r.opts.Process, "debounce", r.opts.Debounce, "maxDelay", r.opts.MaxDelay, "resync", r.opts.Resync)
+	close(r.started)
 
-	timer := time.NewTimer(r.Debounce)
+	timer := time.NewTimer(r.opts.Debounce)
 	timer.Stop()
 	defer timer.Stop()
 	// pending is when the first event not yet acted on was seen: the
@@ -237,15 +168,15 @@ func (r *Reloader) Run(ctx context.Context) error {
 		if pending.IsZero() {
 			pending = now
 		}
-		timer.Reset(max(0, min(r.Debounce, pending.Add(r.MaxDelay).Sub(now))))
+		timer.Reset(max(0, min(r.opts.Debounce, pending.Add(r.opts.MaxDelay).Sub(now))))
 	}
 	var backoff time.Duration
 	force := false
-	resync := time.NewTicker(r.Resync)
+	resync := time.NewTicker(r.opts.Resync)
 	defer resync.Stop()
 	var sweep <-chan time.Time
-	if r.SockDir != "" {
-		t := time.NewTicker(r.SockSweep)
+	if r.opts.SockDir != "" {
+		t := time.NewTicker(r.opts.SockSweep)
 		defer t.Stop()
 		sweep = t.C
 		r.lastPID = r.targetPID()
@@ -260,7 +191,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 			// giving up: clean as soon as the target is gone or replaced.
 			if pid := r.targetPID(); pid != r.lastPID || pid == 0 {
 				if pid != r.lastPID {
-					r.Log.Info("target process changed; checking sockets", "old", r.lastPID, "new", pid)
+					r.log.Info("target process changed; checking sockets", "old", r.lastPID, "new", pid)
 					r.repush = r.repush || pid != 0
 				}
 				r.lastPID = pid
@@ -273,17 +204,17 @@ func (r *Reloader) Run(ctx context.Context) error {
 			if !ok {
 				return errors.New("watcher closed")
 			}
-			r.Log.Debug("fs event", "name", ev.Name, "op", ev.Op.String())
+			r.log.Debug("fs event", "name", ev.Name, "op", ev.Op.String())
 			settle()
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("watcher closed")
 			}
 			// An overflow loses events: look at the directories anyway.
-			r.Log.Warn("watch error; rescanning", "err", err)
+			r.log.Warn("watch error; rescanning", "err", err)
 			settle()
 		case <-changes:
-			r.Log.Debug("configmap content changed")
+			r.log.Debug("configmap content changed")
 			if r.peersOnlyDesired() {
 				// Only peers tables: a push costs a millisecond and
 				// needs no check, so it does not wait for quiet.
@@ -302,11 +233,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 				timer.Reset(0)
 			}
 		case <-timer.C:
-			if swapInProgress(r.Dirs) {
+			if swapInProgress(r.dirs) {
 				// A kubelet swap takes a millisecond or two: look again
 				// soon, even past MaxDelay.
-				r.Log.Debug("..data_tmp present: swap in progress, waiting")
-				timer.Reset(min(r.Debounce, 10*time.Millisecond))
+				r.log.Debug("..data_tmp present: swap in progress, waiting")
+				timer.Reset(min(r.opts.Debounce, 10*time.Millisecond))
 				continue
 			}
 			first := pending
@@ -325,10 +256,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 					first = time.Now()
 				}
 				pending = first
-				timer.Reset(max(0, min(r.Debounce, pending.Add(r.MaxDelay).Sub(time.Now()))))
+				timer.Reset(max(0, min(r.opts.Debounce, pending.Add(r.opts.MaxDelay).Sub(time.Now()))))
 			case nextRetry:
-				backoff = min(max(2*backoff, retryMin), r.RetryMax)
-				r.Log.Info("retrying", "in", backoff)
+				backoff = min(max(2*backoff, retryMin), r.opts.RetryMax)
+				r.log.Info("retrying", "in", backoff)
 				timer.Reset(backoff)
 			}
 		}
@@ -338,29 +269,29 @@ func (r *Reloader) Run(ctx context.Context) error {
 // attempt brings the target to the content the directories show (in API
 // mode after writing the desired content there).
 func (r *Reloader) attempt(ctx context.Context, force bool) next {
-	if r.Source != nil {
+	if r.source != nil {
 		if n := r.apply(ctx, force); n != nextDone {
 			return n
 		}
 	}
-	snap, err := r.Snapshot(r.Dirs)
+	snap, err := r.snapshot(r.dirs)
 	if err != nil {
-		r.Metrics.Reloads.WithLabelValues(ResultError).Inc()
-		r.Log.Error("cannot read the watched directories; retrying", "err", err)
+		r.metrics.Reloads.WithLabelValues(ResultError).Inc()
+		r.log.Error("cannot read the watched directories; retrying", "err", err)
 		return nextRetry
 	}
 	if snap.Fingerprint == r.loaded {
-		r.Log.Debug("the target already serves this content; not reloading")
-		if r.OnSettle != nil {
-			r.OnSettle(false)
+		r.log.Debug("the target already serves this content; not reloading")
+		if r.onSettle != nil {
+			r.onSettle(false)
 		}
 		return nextDone
 	}
 	if snap.Fingerprint != r.seen {
 		r.seen = snap.Fingerprint
-		r.Metrics.Changes.Inc()
-		if r.OnSettle != nil {
-			r.OnSettle(true)
+		r.metrics.Changes.Inc()
+		if r.onSettle != nil {
+			r.onSettle(true)
 		}
 	}
 	// Only peers tables changed, and the engine takes them: push, no
@@ -383,7 +314,7 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 		}
 		r.loadedKeys = keys
 		r.loaded = snap.Fingerprint
-		r.reloadedAt = r.Now()
+		r.reloadedAt = r.now()
 		if sk, ok := r.pushAll(ctx, snap); sk != nil {
 			r.loadedKeys = sk
 			if !ok {
@@ -392,12 +323,12 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 		} else {
 			r.loadedKeys = snap.Keys
 		}
-		if r.Report != nil {
+		if r.report != nil {
 			how := served.HowReload
 			if o.Result == ResultSignalled {
 				how = served.HowSignal
 			}
-			r.Report(r.servedReportKeys(r.loadedKeys, how))
+			r.report(r.servedReportKeys(r.loadedKeys, how))
 		}
 		return nextDone
 	case ResultContentChanged:
@@ -410,19 +341,19 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 }
 
 func (r *Reloader) reloadFor(ctx context.Context, snap Snapshot) Outcome {
-	start := r.Now()
+	start := r.now()
 	o := r.reload(ctx, snap)
-	o.Started, o.Elapsed, o.Fingerprint = start, r.Now().Sub(start), snap.Fingerprint
+	o.Started, o.Elapsed, o.Fingerprint = start, r.now().Sub(start), snap.Fingerprint
 	o.Quarantined = r.quarantinedKeys()
-	r.Metrics.Reloads.WithLabelValues(o.Result).Inc()
-	r.Metrics.LastAttempt.Set(float64(r.Now().Unix()))
+	r.metrics.Reloads.WithLabelValues(o.Result).Inc()
+	r.metrics.LastAttempt.Set(float64(r.now().Unix()))
 	if o.Result == ResultSuccess || o.Result == ResultSignalled {
-		r.Metrics.LastSuccess.Set(float64(r.Now().Unix()))
+		r.metrics.LastSuccess.Set(float64(r.now().Unix()))
 	}
 	if o.PID != 0 && o.Result != ResultContentChanged {
-		r.Metrics.ReloadDuration.Observe(o.Elapsed.Seconds())
+		r.metrics.ReloadDuration.Observe(o.Elapsed.Seconds())
 	}
-	log := r.Log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond), "content", shortFP(snap.Fingerprint))
+	log := r.log.With("result", o.Result, "pid", o.PID, "elapsed", o.Elapsed.Round(time.Millisecond), "content", shortFP(snap.Fingerprint))
 	if len(o.Quarantined) > 0 {
 		log = log.With("quarantined", o.Quarantined)
 	}
@@ -440,18 +371,18 @@ func (r *Reloader) reloadFor(ctx context.Context, snap Snapshot) Outcome {
 	default:
 		log.Error("not reloaded; retrying", "err", o.Err)
 	}
-	if r.OnReload != nil {
-		r.OnReload(o)
+	if r.onReload != nil {
+		r.onReload(o)
 	}
 	return o
 }
 
 func (r *Reloader) reload(ctx context.Context, snap Snapshot) Outcome {
-	procs, err := ListProcesses(r.ProcRoot)
+	procs, err := ListProcesses(r.opts.ProcRoot)
 	if err != nil {
 		return Outcome{Result: ResultError, Err: err}
 	}
-	target, err := FindTarget(procs, r.Process, r.Self)
+	target, err := FindTarget(procs, r.opts.Process, r.self)
 	switch {
 	case errors.Is(err, ErrNoProcess):
 		return Outcome{Result: ResultNoProcess, Err: err}
@@ -463,38 +394,38 @@ func (r *Reloader) reload(ctx context.Context, snap Snapshot) Outcome {
 	o := Outcome{PID: target.PID}
 
 	checked := false
-	if len(r.CheckCmd) > 0 && snap.Fingerprint != r.checked {
+	if len(r.checkCmd) > 0 && snap.Fingerprint != r.checked {
 		if err := r.check(ctx); err != nil {
-			o.Result, o.Err, o.Keys = ResultCheckFailed, err, failingKeys(err.Error(), r.Dirs)
+			o.Result, o.Err, o.Keys = ResultCheckFailed, err, failingKeys(err.Error(), r.dirs)
 			return o
 		}
 		checked = true
 	}
-	if r.SockDir != "" {
+	if r.opts.SockDir != "" {
 		r.cleanSockets()
 	}
 
 	r.lastPID = target.PID
-	before := Children(r.ProcRoot, target.PID)
+	before := Children(r.opts.ProcRoot, target.PID)
 	// The check ran on the content the snapshot names only if that is
 	// still what the directories show: a kubelet "..data" target is never
 	// modified, so the same target means the same bytes. Taken last, right
 	// before the signal.
-	if id, err := ContentID(r.Dirs); err != nil || id != snap.ID {
+	if id, err := ContentID(r.dirs); err != nil || id != snap.ID {
 		o.Result, o.Err = ResultContentChanged, fmt.Errorf("content %q checked, %q in place now (%v)", snap.ID, id, err)
 		return o
 	}
 	if checked {
 		r.checked = snap.Fingerprint
 	}
-	if err := r.Signaller.Signal(target.PID, r.Signal); err != nil {
+	if err := r.signaller.Signal(target.PID, r.signal); err != nil {
 		o.Result, o.Err = ResultError, fmt.Errorf("signal %d: %w", target.PID, err)
 		return o
 	}
 	// Only a HUP to a master with workers is verifiable: nginx replaces
 	// every worker on a good reload and keeps them all on a bad one (it
 	// logs no "reload failed" line).
-	if r.Signal != syscall.SIGHUP || len(before) == 0 {
+	if r.signal != syscall.SIGHUP || len(before) == 0 {
 		o.Result = ResultSignalled
 		return o
 	}
@@ -502,18 +433,18 @@ func (r *Reloader) reload(ctx context.Context, snap Snapshot) Outcome {
 		o.Result = ResultSuccess
 	} else {
 		o.Result = ResultFailed
-		o.Err = fmt.Errorf("children of %d still %v after %s", target.PID, before, r.VerifyTimeout)
+		o.Err = fmt.Errorf("children of %d still %v after %s", target.PID, before, r.opts.VerifyTimeout)
 	}
 	return o
 }
 
 // targetPID is the pid of the one matching process, 0 if none or several.
 func (r *Reloader) targetPID() int {
-	procs, err := ListProcesses(r.ProcRoot)
+	procs, err := ListProcesses(r.opts.ProcRoot)
 	if err != nil {
 		return 0
 	}
-	p, err := FindTarget(procs, r.Process, r.Self)
+	p, err := FindTarget(procs, r.opts.Process, r.self)
 	if err != nil {
 		return 0
 	}
@@ -525,12 +456,12 @@ func (r *Reloader) targetPID() int {
 const verifyPoll = 10 * time.Millisecond
 
 func (r *Reloader) waitNewChild(ctx context.Context, pid int, before []int) bool {
-	ctx, cancel := context.WithTimeout(ctx, r.VerifyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.opts.VerifyTimeout)
 	defer cancel()
 	t := time.NewTicker(verifyPoll)
 	defer t.Stop()
 	for {
-		for _, c := range Children(r.ProcRoot, pid) {
+		for _, c := range Children(r.opts.ProcRoot, pid) {
 			if !slices.Contains(before, c) {
 				return true
 			}
@@ -547,37 +478,37 @@ func (r *Reloader) waitNewChild(ctx context.Context, pid int, before []int) bool
 const maxCheckOutput = 8 << 10
 
 func (r *Reloader) check(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, r.CheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.opts.CheckTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, r.CheckCmd[0], r.CheckCmd[1:]...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, r.checkCmd[0], r.checkCmd[1:]...).CombinedOutput()
 	if err == nil {
 		return nil
 	}
 	if len(out) > maxCheckOutput {
 		out = append(out[:maxCheckOutput], "…"...)
 	}
-	return fmt.Errorf("%q: %w: %s", r.CheckCmd, err, out)
+	return fmt.Errorf("%q: %w: %s", r.checkCmd, err, out)
 }
 
 func (r *Reloader) cleanSockets() {
-	refs, err := ReferencedSockets(r.Dirs)
+	refs, err := ReferencedSockets(r.dirs)
 	if err != nil {
-		r.Log.Warn("cannot read route files for socket references", "err", err)
+		r.log.Warn("cannot read route files for socket references", "err", err)
 	}
-	acts, err := CleanSockets(r.SockDir, refs)
+	acts, err := CleanSockets(r.opts.SockDir, refs)
 	if err != nil {
-		r.Log.Warn("cannot clean the socket directory", "dir", r.SockDir, "err", err)
+		r.log.Warn("cannot clean the socket directory", "dir", r.opts.SockDir, "err", err)
 		return
 	}
 	for _, a := range acts {
 		switch {
 		case a.Removed:
-			r.Metrics.StaleSockets.Inc()
-			r.Log.Info("removed stale socket (connect refused)", "path", a.Path, "referenced", a.Referenced)
+			r.metrics.StaleSockets.Inc()
+			r.log.Info("removed stale socket (connect refused)", "path", a.Path, "referenced", a.Referenced)
 		case a.Err != nil:
-			r.Log.Warn("cannot remove stale socket", "path", a.Path, "err", a.Err)
+			r.log.Warn("cannot remove stale socket", "path", a.Path, "err", a.Err)
 		case a.State == SocketLive && !a.Referenced:
-			r.Log.Debug("unreferenced socket is live; leaving it to nginx", "path", a.Path)
+			r.log.Debug("unreferenced socket is live; leaving it to nginx", "path", a.Path)
 		}
 	}
 }

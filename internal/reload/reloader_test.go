@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/served"
 )
 
 func TestMain(m *testing.M) {
@@ -40,13 +41,21 @@ type harness struct {
 	settles  []bool
 }
 
-func startReloader(t *testing.T, r *Reloader) *harness {
+// startReloader builds a Reloader from o (New), lets each of set replace
+// what the binary would build (a Source, a report, a seam), and runs it
+// until the test ends.
+func startReloader(t *testing.T, o Options, set ...func(*Reloader)) *harness {
 	t.Helper()
+	r, err := New(o, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range set {
+		f(r)
+	}
 	h := &harness{r: r}
-	r.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r.OnReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
-	r.OnSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
-	r.Started = make(chan struct{})
+	r.onReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
+	r.onSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -57,11 +66,24 @@ func startReloader(t *testing.T, r *Reloader) *harness {
 		}
 	})
 	select {
-	case <-r.Started:
+	case <-r.Started():
 	case err := <-done:
 		t.Fatalf("reloader stopped: %v", err)
 	}
 	return h
+}
+
+// apiMode makes r take its content from src, written into dir (one of its
+// watched directories), as New does with a ConfigMapSync for --configmap
+// and --write-dir.
+func apiMode(src Source, dir string) func(*Reloader) {
+	return func(r *Reloader) { r.source, r.writeDir = src, dir }
+}
+
+// reportTo gives r's served reports to f, as New does to a PodReporter for
+// --pod-name.
+func reportTo(f func(served.Report)) func(*Reloader) {
+	return func(r *Reloader) { r.report = f }
 }
 
 func (h *harness) Outcomes() []Outcome {
@@ -115,7 +137,7 @@ func TestKubeletSwapsGiveOneHUPEach(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, routeFiles(0))
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name})
 
 	for i := 1; i <= 3; i++ {
 		reloadtest.KubeletSwap(t, dir, routeFiles(i))
@@ -138,7 +160,7 @@ func TestBurstIsCoalesced(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, routeFiles(0))
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name})
 
 	// 20 swaps spread over about 100 ms.
 	for i := 1; i <= 20; i++ {
@@ -158,7 +180,7 @@ func TestNoVisibleChangeNoReload(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name})
 
 	// A swap to identical content (kubelet resync after a no-op update).
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
@@ -184,7 +206,7 @@ func TestNoVisibleChangeNoReload(t *testing.T) {
 func TestNoProcessIsRetriedWithoutAChange(t *testing.T) {
 	dir := t.TempDir()
 	name := uniqueName("cache-aware-router")
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, RetryMax: time.Second})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, RetryMax: time.Second})
 
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultNoProcess {
@@ -192,7 +214,7 @@ func TestNoProcessIsRetriedWithoutAChange(t *testing.T) {
 	}
 	cart := reloadtest.StartHUPCounter(t, name)
 	reloadtest.WaitFor(t, wait, "the retried HUP", func() bool { return cart.Count() == 1 })
-	if v := counterValue(t, h.r.Metrics, ResultNoProcess); v < 1 {
+	if v := counterValue(t, h.r.metrics, ResultNoProcess); v < 1 {
 		t.Fatalf("reloads_total{result=no_process} = %v, want at least 1", v)
 	}
 	// The HUP can arrive before the attempt's outcome is recorded (the
@@ -216,22 +238,22 @@ func TestUnreadableDirectoriesAreRetried(t *testing.T) {
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
 	var calls, failed atomic.Int32
-	r := &Reloader{Dirs: []string{dir}, Process: name, RetryMax: time.Second}
-	r.Snapshot = func(dirs []string) (Snapshot, error) {
-		if calls.Add(1) > 1 && failed.Load() < 3 { // the first call is the startup read
-			failed.Add(1)
-			return Snapshot{}, fmt.Errorf("injected read failure %d", failed.Load())
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, RetryMax: time.Second}, func(r *Reloader) {
+		r.snapshot = func(dirs []string) (Snapshot, error) {
+			if calls.Add(1) > 1 && failed.Load() < 3 { // the first call is the startup read
+				failed.Add(1)
+				return Snapshot{}, fmt.Errorf("injected read failure %d", failed.Load())
+			}
+			return TakeSnapshot(dirs)
 		}
-		return TakeSnapshot(dirs)
-	}
-	h := startReloader(t, r)
+	})
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	h.waitOutcomeFor(t, dir)
 	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
 	if failed.Load() != 3 {
 		t.Fatalf("%d injected failures, want 3", failed.Load())
 	}
-	if v := counterValue(t, h.r.Metrics, ResultError); v != 3 {
+	if v := counterValue(t, h.r.metrics, ResultError); v != 3 {
 		t.Fatalf("reloads_total{result=error} = %v, want 3", v)
 	}
 }
@@ -248,8 +270,8 @@ func TestRefusedContentIsCheckedAgainAtResync(t *testing.T) {
 	}
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond,
-		CheckCmd: []string{"bash", "-c", `[ ! -e "$0" ] || { echo "check: busy"; exit 1; }`, flag}})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond,
+		CheckCmd: reloadtest.CommandLine("bash", "-c", `[ ! -e "$0" ] || { echo "check: busy"; exit 1; }`, flag)})
 
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultCheckFailed {
@@ -283,7 +305,7 @@ func TestResyncCatchesALostEvent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(other, "config.yaml"), []byte("v1"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, Resync: 300 * time.Millisecond})
 	if err := os.WriteFile(filepath.Join(other, "config.yaml"), []byte("v2"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +320,7 @@ func TestAmbiguousMatchSignalsNobody(t *testing.T) {
 	name := uniqueName("cache-aware-router")
 	a := reloadtest.StartHUPCounter(t, name)
 	b := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name})
 
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	o := h.waitOutcomeFor(t, dir)
@@ -314,8 +336,8 @@ func TestFailingCheckDoesNotSignal(t *testing.T) {
 	dir := t.TempDir()
 	name := uniqueName("cache-aware-router")
 	cart := reloadtest.StartHUPCounter(t, name)
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name,
-		CheckCmd: []string{"bash", "-c", `grep -q broken "$0"/config.yaml && { echo "config.yaml: broken workers"; exit 1; }; exit 0`, dir}})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name,
+		CheckCmd: reloadtest.CommandLine("bash", "-c", `grep -q broken "$0"/config.yaml && { echo "config.yaml: broken workers"; exit 1; }; exit 0`, dir)})
 
 	reloadtest.KubeletSwap(t, dir, map[string]string{"config.yaml": "workers: broken\n"})
 	o := h.waitOutcomeFor(t, dir)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,72 +39,16 @@ func Command(run func(context.Context, *Options, *slog.Logger) error) *cli.Comma
 }
 
 // Run is the sidecar: validated options in, blocking until ctx is done or
-// a component fails.
+// a component fails. It serves /metrics, /healthz and /readyz beside the
+// Reloader New builds from o.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	sig, err := ParseSignal(o.Signal)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector("reload"))
+	r, err := New(*o, log, reg)
 	if err != nil {
 		return err
 	}
-	var check []string
-	if o.CheckCmd != "" {
-		if check, err = SplitCommand(o.CheckCmd); err != nil {
-			return err
-		}
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector("reload"))
-	m := NewMetrics(reg)
 
-	dirs := append([]string(nil), o.WatchDirs...)
-	var cs kubernetes.Interface
-	if o.ConfigMap != "" || o.PodName != "" {
-		cfg, err := kubeclient.Config(o.Kubeconfig, kubeclient.InCluster)
-		if err != nil {
-			return err
-		}
-		// client-go's default (5 requests/s, bursts of 10) held the served
-		// report of a push back by 150 ms once changes came faster than
-		// five a second (measured: BenchmarkEndpointChangeToServed at 50
-		// changes). The sidecar's requests are one watch and one report
-		// patch per loaded change (a newer report replaces one not yet
-		// written), so the limit only bounds a burst.
-		cfg.QPS, cfg.Burst = 20, 40
-		if cs, err = kubernetes.NewForConfig(cfg); err != nil {
-			return fmt.Errorf("kubernetes client: %w", err)
-		}
-	}
-	var cmSync *ConfigMapSync
-	if o.ConfigMap != "" {
-		ns, name, err := SplitNamespacedName(o.ConfigMap)
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
-			return fmt.Errorf("--write-dir: %w", err)
-		}
-		cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Resync: o.Resync, Log: log, Synced: make(chan struct{})}
-		dirs = append(dirs, o.WriteDir)
-	}
-	for _, d := range dirs {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return fmt.Errorf("watch directory %s: not a readable directory: %v", d, err)
-		}
-	}
-	r := &Reloader{
-		Dirs: dirs, Process: o.Process, SockDir: o.SockDir, CheckCmd: check, CheckTimeout: o.CheckTimeout,
-		Signal: sig, Debounce: o.Debounce, MaxDelay: o.MaxDelay, VerifyTimeout: o.VerifyTimeout, SockSweep: o.SockSweep, ProcRoot: o.ProcRoot,
-		Resync: o.Resync, RetryMax: o.RetryMax, Log: log, Metrics: m,
-	}
-	if cmSync != nil {
-		r.Source, r.WriteDir = cmSync, o.WriteDir
-	}
-	var rep *PodReporter
-	if o.PodName != "" {
-		rep = &PodReporter{Client: cs, Namespace: o.PodNamespace, Name: o.PodName, RetryMax: o.RetryMax, Log: log, Metrics: m}
-		r.Report = rep.Report
-	}
-
-	var watching atomic.Bool
 	g, ctx := errgroup.WithContext(ctx)
 	if o.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", o.MetricsAddr)
@@ -117,15 +60,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			ready := watching.Load()
-			if cmSync != nil {
-				select {
-				case <-cmSync.Synced:
-				default:
-					ready = false
-				}
-			}
-			if !ready {
+			if !r.Ready() {
 				http.Error(w, "not ready", http.StatusServiceUnavailable)
 				return
 			}
@@ -145,37 +80,136 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			return srv.Shutdown(sctx)
 		})
 	}
-	ready := make(chan struct{})
+	g.Go(func() error { return r.Run(ctx) })
+	return g.Wait()
+}
+
+// New checks opts and builds the sidecar from a copy of them, with the
+// defaults filled in for zero values (the caller's Options are not
+// changed). log may be nil (no logs) and reg nil (metrics kept private).
+//
+// With ConfigMap or PodName it prepares one API client (internal/
+// kubeclient), the ConfigMap's watch and the served report; it creates
+// WriteDir and checks that every watched directory is one.
+// Nothing is watched, signalled or sent to the API server before Run.
+func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Reloader, error) {
+	o := opts.withDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	sig, err := ParseSignal(o.Signal)
+	if err != nil {
+		return nil, err
+	}
+	var check []string
+	if o.CheckCmd != "" {
+		if check, err = SplitCommand(o.CheckCmd); err != nil {
+			return nil, err
+		}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	r := &Reloader{
+		opts: o, dirs: o.WatchDirs, checkCmd: check, signal: sig, log: log, metrics: NewMetrics(reg),
+		self: os.Getpid(), signaller: KillSignaller{}, now: time.Now, writeFiles: WriteAtomic, snapshot: TakeSnapshot,
+		started: make(chan struct{}),
+	}
+	var cs kubernetes.Interface
+	if o.ConfigMap != "" || o.PodName != "" {
+		cfg, err := kubeclient.Config(o.Kubeconfig, "")
+		if err != nil {
+			return nil, err
+		}
+		// client-go's default (5 requests/s, bursts of 10) held the served
+		// report of a push back by 150 ms once changes came faster than
+		// five a second (measured: BenchmarkEndpointChangeToServed at 50
+		// changes). The sidecar's requests are one watch and one report
+		// patch per loaded change (a newer report replaces one not yet
+		// written), so the limit only bounds a burst.
+		cfg.QPS, cfg.Burst = 20, 40
+		if cs, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+	}
+	if o.ConfigMap != "" {
+		ns, name, err := SplitNamespacedName(o.ConfigMap)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(o.WriteDir, 0o755); err != nil {
+			return nil, fmt.Errorf("--write-dir: %w", err)
+		}
+		r.cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Resync: o.Resync, Log: log, Synced: make(chan struct{})}
+		r.source, r.writeDir = r.cmSync, o.WriteDir
+		r.dirs = append(r.dirs, o.WriteDir)
+	}
+	for _, d := range r.dirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("watch directory %s: not a readable directory: %v", d, err)
+		}
+	}
+	if o.PodName != "" {
+		r.reporter = &PodReporter{Client: cs, Namespace: o.PodNamespace, Name: o.PodName, RetryMax: o.RetryMax, Log: log, Metrics: r.metrics}
+		r.report = r.reporter.Report
+	}
+	return r, nil
+}
+
+// Run watches until ctx is done (then it returns nil) or a component
+// fails: the directories' watch loop and, as New built them, the
+// ConfigMap's watch (started once the directories are watched, so its
+// first write is seen as a change) and the served report. Run may be
+// called once.
+func (r *Reloader) Run(ctx context.Context) error {
+	if r.ran.Swap(true) {
+		return errors.New("reload: Run called twice")
+	}
+	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		// The watcher is started before the API sync writes anything, so
-		// the first write is seen as a change.
-		r.Started = ready
-		err := r.Run(ctx)
+		err := r.watch(ctx)
 		if err == nil && ctx.Err() == nil {
 			err = errors.New("watcher stopped")
 		}
 		return err
 	})
-	if rep != nil {
-		g.Go(func() error { return rep.Run(ctx) })
+	if r.reporter != nil {
+		g.Go(func() error { return r.reporter.Run(ctx) })
 	}
-	if cmSync != nil {
+	if r.cmSync != nil {
 		g.Go(func() error {
 			select {
-			case <-ready:
+			case <-r.started:
 			case <-ctx.Done():
 				return nil
 			}
-			return cmSync.Run(ctx)
+			return r.cmSync.Run(ctx)
 		})
 	}
-	g.Go(func() error {
-		select {
-		case <-ready:
-			watching.Store(true)
-		case <-ctx.Done():
-		}
-		return nil
-	})
 	return g.Wait()
+}
+
+// Started is closed once the directories are watched: a change made from
+// then on is acted on.
+func (r *Reloader) Started() <-chan struct{} { return r.started }
+
+// Ready reports what /readyz says: the directories are watched and, in
+// API mode, the ConfigMap's first content is on disk.
+func (r *Reloader) Ready() bool {
+	select {
+	case <-r.started:
+	default:
+		return false
+	}
+	if r.cmSync != nil {
+		select {
+		case <-r.cmSync.Synced:
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -32,7 +32,7 @@ func TestServedReportFollowsWhatTheTargetLoaded(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, routeFiles(0))
 	name := uniqueName("cache-aware-router")
 	var rep reports
-	h := startReloader(t, &Reloader{Dirs: []string{dir}, Process: name, Report: rep.add, RetryMax: time.Second})
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, RetryMax: time.Second}, reportTo(rep.add))
 
 	first := rep.get()
 	if len(first) != 1 || first[0].How != served.HowStart || first[0].Keys["config.yaml"] != served.ID([]byte(routeFiles(0)["config.yaml"])) || len(first[0].Keys) != 2 {

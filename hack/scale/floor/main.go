@@ -24,9 +24,9 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/modelsphere/autoconfig/hack/scale/procmem"
+	"github.com/modelsphere/autoconfig/internal/kubeclient"
 )
 
 // Result is the floor's report, one JSON line on stdout.
@@ -69,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func floor(kubeconfig string, settle, timeout time.Duration) (*Result, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, err := kubeclient.Config(kubeconfig, "")
 	if err != nil {
 		return nil, err
 	}

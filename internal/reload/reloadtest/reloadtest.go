@@ -192,3 +192,15 @@ func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) 
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// CommandLine is the --check-cmd value that runs args as they are: each is
+// single-quoted, so the sidecar's split (reload.SplitCommand: quotes group,
+// adjacent quoted parts join) gives args back. A single quote in an
+// argument is written as '"'"'.
+func CommandLine(args ...string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'"'"'`) + "'"
+	}
+	return strings.Join(q, " ")
+}
