@@ -71,10 +71,14 @@ func (w *Writer) submit(ctx context.Context, req *request) result {
 	if lead {
 		// The batch outlives a cancelled request: other routes wait on it.
 		fctx := context.WithoutCancel(ctx)
+		if w.Window == 0 {
+			// No window to wait: the lead writes the batch itself (its
+			// own request among them) once the writer is free.
+			w.flush(fctx, req.ref, cw)
+			return <-req.done
+		}
 		go func() {
-			if w.Window > 0 {
-				time.Sleep(w.Window)
-			}
+			time.Sleep(w.Window)
 			w.flush(fctx, req.ref, cw)
 		}()
 	}
