@@ -39,7 +39,7 @@ type clusterOptions struct {
 
 // addFlags registers the flags; withFile adds -f (compile has its own).
 func (o *clusterOptions) addFlags(fs *pflag.FlagSet, withFile bool) {
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.context, "context", "", "kubeconfig context (default: the current one)")
 	fs.StringVarP(&o.namespace, "namespace", "n", "", "namespace of the routes (default: the context's namespace, else default)")
 	fs.BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "every route of every namespace")
