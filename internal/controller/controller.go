@@ -19,6 +19,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -94,6 +95,8 @@ type Reconciler struct {
 	// what changed).
 	sink      *sink.Writer
 	cmChanges *configMapChanges
+	// initial is the initial sync the workers wait for (nil: none).
+	initial *initialSync
 }
 
 // OutputWriter is how the reconcile changes the consumers' ConfigMaps:
@@ -128,6 +131,9 @@ type state struct {
 	// problems keep the route from Ready; a reconcile collects every one
 	// it can see before it reports (report).
 	problems []problem
+	// arrive, when set, is called as the route reaches its write (the
+	// initial sync's count).
+	arrive func()
 	// previewWarnings are what a preview cannot know before the
 	// controller acts (e.g. the VIP of a Service it would create).
 	previewWarnings []string
@@ -172,7 +178,16 @@ func (r *Reconciler) runSteps(ctx context.Context, st *state) error {
 
 // Reconcile implements reconcile.Reconciler: get → finalizer → deferred
 // status patch → steps → report.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	r.initial.wait(ctx)
+	return r.reconcile(ctx, req.NamespacedName, nil)
+}
+
+// reconcile is Reconcile; arrive (when not nil) is called when the route
+// reaches its write (the initial sync holds the writes until every route
+// has).
+func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, arrive func()) (_ ctrl.Result, retErr error) {
+	req := ctrl.Request{NamespacedName: key}
 	route := &v1alpha1.ModelRoute{}
 	if err := r.Client.Get(ctx, req.NamespacedName, route); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -182,6 +197,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, fmt.Errorf("get route: %w", err)
 	}
 	if !route.DeletionTimestamp.IsZero() {
+		if arrive != nil {
+			arrive() // its removals are writes too
+		}
 		return ctrl.Result{}, r.reconcileDelete(ctx, route)
 	}
 	if err := r.ensureFinalizer(ctx, route); err != nil {
@@ -189,7 +207,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	}
 	orig := route.DeepCopy()
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
-	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now()})
+	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive})
 }
 
 // patchStatus writes status once, only when it changed, and emits an event

@@ -430,7 +430,8 @@ func waitCondition(t testing.TB, ns, name string, status metav1.ConditionStatus,
 }
 
 // reconciles reads controller-runtime's reconcile counter for our
-// controller from its metrics registry (all managers in this process).
+// controller, plus the initial syncs' reconciles, from its metrics registry
+// (all managers in this process).
 func reconciles(t testing.TB) float64 {
 	t.Helper()
 	mfs, err := metrics.Registry.Gather()
@@ -439,6 +440,10 @@ func reconciles(t testing.TB) float64 {
 	}
 	var n float64
 	for _, mf := range mfs {
+		if mf.GetName() == "autoconfig_initial_sync_reconciles_total" {
+			n += mf.GetMetric()[0].GetCounter().GetValue()
+			continue
+		}
 		if mf.GetName() != "controller_runtime_reconcile_total" {
 			continue
 		}

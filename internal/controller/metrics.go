@@ -15,6 +15,10 @@ var (
 		Name: "autoconfig_configmap_outputs_total",
 		Help: "Output ConfigMap visits by result: Written (one patch), Unchanged (no write), Missing, NotPermitted, RenderFailed.",
 	}, []string{"result"})
+	initialSyncReconciles = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "autoconfig_initial_sync_reconciles_total",
+		Help: "Routes reconciled by the initial sync when the controller starts leading (all at once, each ConfigMap written once); not in controller_runtime_reconcile_total.",
+	})
 	specValidations = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "autoconfig_spec_validations_total",
 		Help: "CUE validations of a route spec (once per spec generation, not per endpoint change).",
@@ -73,6 +77,6 @@ func forgetRouteSeries(ns, name string) {
 }
 
 func init() {
-	metrics.Registry.MustRegister(configMapWrites, specValidations, appliedSeconds, consumerPodsGauge, changeToWrite,
+	metrics.Registry.MustRegister(configMapWrites, initialSyncReconciles, specValidations, appliedSeconds, consumerPodsGauge, changeToWrite,
 		routeBackends, routeCartPeers, routeLastWrite, routeBlockedKeys, writeConflictsCounter, buildinfo.Collector("autoconfig"))
 }

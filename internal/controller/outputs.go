@@ -49,6 +49,9 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	r.Routes.rendered.set(key, pending)
 	st.route.Status.Outputs = statusOutputs(unionKeys(ownedFromStatus(st.route.Status.Outputs), now))
 
+	if st.arrive != nil {
+		st.arrive()
+	}
 	outcomes, err := r.out.ApplyRecorded(ctx, st.route.Namespace, st.result.Outputs, guard,
 		func(cm string, sums map[string]sink.Sum) { r.Routes.rendered.setSums(key, cm, sums) })
 	if err != nil {

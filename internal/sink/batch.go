@@ -79,6 +79,7 @@ func (w *Writer) submit(ctx context.Context, req *request) result {
 		}
 		go func() {
 			time.Sleep(w.Window)
+			w.held()
 			w.flush(fctx, req.ref, cw)
 		}()
 	}
@@ -87,6 +88,36 @@ func (w *Writer) submit(ctx context.Context, req *request) result {
 		return r
 	case <-ctx.Done():
 		return result{retry: ctx.Err()}
+	}
+}
+
+// Hold makes every batch wait, after its window, until release is called
+// (or max has passed): the changes that reach a ConfigMap's writer in the
+// meantime all go out in that batch. The controller holds the batches
+// while the initial sync renders every route, so that each ConfigMap is
+// written once instead of once per few routes. Only one hold is in effect;
+// release is idempotent. A zero-window Writer does not hold.
+func (w *Writer) Hold(max time.Duration) (release func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(ch) }) }
+	timer := time.AfterFunc(max, open)
+	w.mu.Lock()
+	w.hold = ch
+	w.mu.Unlock()
+	return func() {
+		timer.Stop()
+		open()
+	}
+}
+
+// held waits for the current hold's release, if any.
+func (w *Writer) held() {
+	w.mu.Lock()
+	ch := w.hold
+	w.mu.Unlock()
+	if ch != nil {
+		<-ch
 	}
 }
 

@@ -181,6 +181,8 @@ type Writer struct {
 
 	mu  sync.Mutex
 	cms map[string]*cmWriter
+	// hold, while open, keeps batches from being written (Hold).
+	hold chan struct{}
 }
 
 // Granted says whether a route in routeNS may use obj (read a Service,

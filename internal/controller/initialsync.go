@@ -1,0 +1,108 @@
+package controller
+
+// This file: the initial sync. When the controller starts leading, every
+// route is reconciled at once, and the ConfigMap writes are held until
+// each route has reached its write (or initialSyncHold has passed), so each
+// ConfigMap is written once for all its routes instead of once per few
+// routes (a thousand routes in ten ConfigMaps used to write each of them
+// 40–67 times, and one watcher of them received 90 MB). The workqueue's
+// workers wait for it; afterwards they reconcile every route once more as
+// usual, which finds everything current and writes nothing.
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// initialSyncHold bounds how long the initial sync holds the ConfigMap
+// writes for routes that have not reached their write yet (a slow read, a
+// client rate limit): after it, each write goes out as it comes.
+const initialSyncHold = 5 * time.Second
+
+// initialSync is the manager runnable (leader only) that reconciles every
+// route once when the controller starts leading.
+type initialSync struct {
+	r     *Reconciler
+	cache cache.Cache
+	// done is closed when the initial sync is over (or was not needed).
+	done chan struct{}
+
+	mu      sync.Mutex
+	waiting int // routes that have not reached their write nor ended
+	release func()
+}
+
+func newInitialSync(r *Reconciler, c cache.Cache) *initialSync {
+	return &initialSync{r: r, cache: c, done: make(chan struct{})}
+}
+
+// Start implements manager.Runnable.
+func (s *initialSync) Start(ctx context.Context) error {
+	defer close(s.done)
+	if !s.cache.WaitForCacheSync(ctx) {
+		return nil
+	}
+	var l v1alpha1.ModelRouteList
+	if err := s.r.Client.List(ctx, &l); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "initial sync: list routes; the workqueue reconciles them one by one")
+		return nil
+	}
+	if len(l.Items) == 0 {
+		return nil
+	}
+	start := time.Now()
+	s.waiting = len(l.Items)
+	if s.r.sink != nil {
+		s.release = s.r.sink.Hold(initialSyncHold)
+	}
+	var wg sync.WaitGroup
+	for i := range l.Items {
+		key := client.ObjectKeyFromObject(&l.Items[i])
+		wg.Go(func() {
+			var once sync.Once
+			arrive := func() { once.Do(s.arrived) }
+			_, err := s.r.reconcile(ctx, key, arrive)
+			initialSyncReconciles.Inc()
+			if err != nil {
+				ctrl.Log.WithName(Name).V(levelDebug).Info("initial sync: reconcile failed; the workqueue retries it", "route", key.String(), "err", err.Error())
+			}
+			arrive()
+		})
+	}
+	wg.Wait()
+	if s.release != nil {
+		s.release()
+	}
+	ctrl.Log.WithName(Name).Info("initial sync done", "routes", len(l.Items), "seconds", time.Since(start).Seconds())
+	return nil
+}
+
+// arrived notes that one route has reached its write (or ended without
+// one); the last one releases the held writes.
+func (s *initialSync) arrived() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting--
+	if s.waiting == 0 && s.release != nil {
+		s.release()
+	}
+}
+
+// wait blocks until the initial sync is over (or ctx ends).
+func (s *initialSync) wait(ctx context.Context) {
+	if s == nil {
+		return
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+	}
+}
+
