@@ -87,33 +87,49 @@ func consumerGroups(route *v1alpha1.ModelRoute) []consumerGroup {
 
 // consumerPods are the pods ("ns/name") of g: behind its Service (the
 // targetRef of its EndpointSlices' endpoints) or selected in the route's
-// namespace; not terminating. ok is false when they cannot be read here
-// (a namespace the controller does not watch).
-func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, ok bool, err error) {
+// namespace; not terminating. pr is the pod cache to read them from: the
+// one of the pods the Service's selector (or g's) matches. ok is false
+// when they cannot be read here (a namespace the controller does not
+// watch).
+func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, pr client.Reader, ok bool, err error) {
 	if g.service != "" {
 		ns, name, _ := strings.Cut(g.service, "/")
 		if !r.watches(ns) {
-			return nil, false, nil
+			return nil, nil, false, nil
+		}
+		sns, sel, err := r.servicePods(ctx, g.service)
+		if err != nil {
+			return nil, nil, false, err
 		}
 		var sl discoveryv1.EndpointSliceList
 		if err := r.Client.List(ctx, &sl, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
-			return nil, false, fmt.Errorf("list endpointslices of %s: %w", g.service, err)
+			return nil, nil, false, fmt.Errorf("list endpointslices of %s: %w", g.service, err)
 		}
 		for i := range sl.Items {
-			pods = append(pods, discovery.SlicePods(&sl.Items[i])...)
+			for _, p := range discovery.SlicePods(&sl.Items[i]) {
+				// The pods a Service's endpoints point to are in its
+				// namespace (the cache holds only those).
+				if pns, _, _ := strings.Cut(p, "/"); pns == sns {
+					pods = append(pods, p)
+				}
+			}
+		}
+		if len(pods) > 0 {
+			if pr, err = r.podReader(ctx, sns, sel); err != nil {
+				return nil, nil, false, fmt.Errorf("pods of %s: %w", g, err)
+			}
 		}
 	} else {
 		sel, err := labels.Parse(g.selector)
 		if err != nil {
-			return nil, false, nil // the schema refuses it; nothing to track
+			return nil, nil, false, nil // the schema refuses it; nothing to track
 		}
-		pr, err := r.podReader(ctx, route.Namespace)
-		if err != nil {
-			return nil, false, fmt.Errorf("pods of %s: %w", g, err)
+		if pr, err = r.podReader(ctx, route.Namespace, g.selector); err != nil {
+			return nil, nil, false, fmt.Errorf("pods of %s: %w", g, err)
 		}
 		var pl corev1.PodList
 		if err := pr.List(ctx, &pl, client.InNamespace(route.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-			return nil, false, fmt.Errorf("list pods of %s: %w", g, err)
+			return nil, nil, false, fmt.Errorf("list pods of %s: %w", g, err)
 		}
 		for _, p := range pl.Items {
 			if p.DeletionTimestamp.IsZero() {
@@ -122,7 +138,7 @@ func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRout
 		}
 	}
 	slices.Sort(pods)
-	return slices.Compact(pods), true, nil
+	return slices.Compact(pods), pr, true, nil
 }
 
 // watches reports whether the controller caches namespace ns.
@@ -166,7 +182,7 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 	key := client.ObjectKeyFromObject(route)
 	t := &consumerTally{current: map[string]string{}, counts: map[string]int{}}
 	for _, g := range consumerGroups(route) {
-		pods, ok, err := r.consumerPods(ctx, route, g)
+		pods, pr, ok, err := r.consumerPods(ctx, route, g)
 		if err != nil {
 			return err
 		}
@@ -183,7 +199,7 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 		if len(ids) == 0 {
 			continue
 		}
-		if err := r.tallyPods(ctx, t, g, pods, ids); err != nil {
+		if err := r.tallyPods(ctx, t, g, pr, pods, ids); err != nil {
 			return err
 		}
 	}
@@ -205,17 +221,13 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 	return nil
 }
 
-// tallyPods adds what each of a group's pods serves of ids (the route's
-// keys in the group's ConfigMap → the ID last written).
-func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumerGroup, pods []string, ids map[string]string) error {
+// tallyPods adds what each of a group's pods (read through pr) serves of
+// ids (the route's keys in the group's ConfigMap → the ID last written).
+func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumerGroup, pr client.Reader, pods []string, ids map[string]string) error {
 	keys := slices.Sorted(maps.Keys(ids))
 	t.keys = append(t.keys, keys...)
 	for _, p := range pods {
 		pns, pname, _ := strings.Cut(p, "/")
-		pr, err := r.podReader(ctx, pns)
-		if err != nil {
-			return fmt.Errorf("consumer pods of %s: %w", g, err)
-		}
 		var pod corev1.Pod
 		if err := pr.Get(ctx, types.NamespacedName{Namespace: pns, Name: pname}, &pod); err != nil {
 			if apierrors.IsNotFound(err) {

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,11 +20,17 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// consumerPods creates the openresty entry: pods and the Service's slice
-// pointing to them (as the EndpointSlice controller would).
+// consumerEntry creates the openresty entry: pods, their Service (selecting
+// them by app) and the Service's slice pointing to them (as the
+// EndpointSlice controller would).
 func consumerEntry(t *testing.T, ns, svc string, pods ...string) {
 	t.Helper()
 	ctx := context.Background()
+	must(t, k8s.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": svc},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 8080}}},
+	}))
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svc + "-x", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
 		AddressType: discoveryv1.AddressTypeIPv4,
@@ -91,7 +98,7 @@ func appliedCount(t *testing.T) uint64 {
 // content; autoconfig_applied_seconds observes the convergence.
 func TestAppliedFollowsTheConsumersReports(t *testing.T) {
 	ns := namespace(t, "applied")
-	startManager(t, ns)
+	h := startManager(t, ns)
 	service(t, ns, "m", 8000)
 	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.1.0.1"))
 	configMap(t, ns, "routes", map[string]string{"other.conf": "# not ours"}, nil)
@@ -113,6 +120,11 @@ func TestAppliedFollowsTheConsumersReports(t *testing.T) {
 	}
 	if states[ns+"/openresty-0"] != v1alpha1.ConsumerSynced || states[ns+"/openresty-2"] != v1alpha1.ConsumerNotTracked || len(states) != 3 {
 		t.Fatalf("consumers: %+v", rt.Status.Consumers)
+	}
+	// The consumer pods are read from the cache of the pods the Service
+	// selects.
+	if got, want := h.r.pods.running(), []podKey{{ns, "app=openresty"}}; !slices.Equal(got, want) {
+		t.Fatalf("pod caches %v, want %v", got, want)
 	}
 
 	// Scale out: the new output is not served yet.
@@ -149,5 +161,32 @@ func TestAppliedTracksCartPods(t *testing.T) {
 	rt := waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "1/1", "config.yaml")
 	if len(rt.Status.Consumers) != 1 || rt.Status.Consumers[0].Pod != ns+"/cart-0" || rt.Status.Consumers[0].Key != "config.yaml" {
 		t.Fatalf("consumers: %+v", rt.Status.Consumers)
+	}
+}
+
+// TestAppliedTracksSelectedConsumerPods: the openresty entry pods named by
+// spec.nginx.selector (in the route's namespace) are the consumers, read
+// from the pod cache of that selector, which holds them and not the
+// namespace's other pods.
+func TestAppliedTracksSelectedConsumerPods(t *testing.T) {
+	ns := namespace(t, "appliedsel")
+	h := startManager(t, ns)
+	service(t, ns, "m", 8000)
+	endpointSlice(t, ns, "m-a", "m", v4, 8000, up("10.1.0.1"))
+	configMap(t, ns, "routes", nil, nil)
+	createPods(t, ns, "noise", 20, map[string]string{"app": "noise"})
+	pod(t, ns, "entry-0", map[string]string{"app": "entry"}, "10.9.1.1", true, 8080)
+	pod(t, ns, "entry-1", map[string]string{"app": "entry"}, "10.9.1.2", true, 8080)
+	createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.Selector = "app in (entry)" }))
+	key := routeKey("m")
+	v1 := waitKey(t, ns, "routes", key, []string{host("10.1.0.1")}, nil)
+	waitApplied(t, ns, "m", metav1.ConditionUnknown, ReasonNotTracked, "", "nginx pods app in (entry)", "entry-0, entry-1")
+	reportServed(t, ns, "entry-0", key, v1)
+	waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "1/1", "not tracked (no served report): entry-1")
+	reportServed(t, ns, "entry-1", key, v1)
+	waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "2/2")
+	got := cachedPods(t, h.r.pods)
+	if want := []string{ns + "/entry-0", ns + "/entry-1"}; len(got) != 1 || !slices.Equal(got[podKey{ns, "app in (entry)"}], want) {
+		t.Fatalf("pod caches hold %v, want only the entry pods %v", got, want)
 	}
 }

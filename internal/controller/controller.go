@@ -79,8 +79,9 @@ type Reconciler struct {
 	// reconciles (nil = a new one).
 	Routes *RouteState
 
-	// PodCacheIdle is how long a namespace's pod cache outlives its last
-	// selector route (0 = DefaultPodCacheIdle).
+	// PodCacheIdle is how long a pod cache (one per namespace and
+	// selector) outlives the last route reading it (0 =
+	// DefaultPodCacheIdle).
 	PodCacheIdle time.Duration
 
 	// out writes (or, previewing, pretends to write) the routes' keys.

@@ -625,8 +625,8 @@ func TestStatusNotWrittenForSameCountEndpointChange(t *testing.T) {
 
 // TestPodsCachedOnlyWhereRoutesSelectThem: pods used to be cached
 // cluster-wide from the start (most of the controller's memory at 10,000
-// pods) although Service-discovery routes never read them. Now a
-// namespace's pods are cached only while a route selects pods there; the
+// pods) although Service-discovery routes never read them. Now pods are
+// cached only while a route selects them, per namespace and selector; the
 // cache goes when the last such route does, and comes back, watched again,
 // with the next one.
 func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
@@ -651,8 +651,8 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 	}
 	createRoute(t, selRoute())
 	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1")}, nil)
-	if got := h.r.pods.running(); !slices.Equal(got, []string{selNS}) {
-		t.Fatalf("pod caches %v, want only %s", got, selNS)
+	if got, want := h.r.pods.running(), []podKey{{selNS, "app=sel"}}; !slices.Equal(got, want) {
+		t.Fatalf("pod caches %v, want only %v", got, want)
 	}
 
 	must(t, k8s.Delete(context.Background(), getRoute(t, selNS, "sel")))

@@ -27,7 +27,7 @@ func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRout
 	if err != nil {
 		return 0, nil
 	}
-	reader, err := r.podReader(ctx, route.Namespace)
+	reader, err := r.podReader(ctx, route.Namespace, d.Selector)
 	if err != nil {
 		return 0, err
 	}

@@ -1,20 +1,27 @@
 package controller
 
-// This file: pod caches per namespace, only while a route selects pods
-// there. Service-discovery routes never read pods, and a cluster-wide pod
-// cache was most of the controller's memory (10,000 pods: about 100 MiB
-// with the initial list's decode), paid even by clusters with no selector
-// route at all.
+// This file: pod caches per (namespace, label selector), only while a
+// route selects those pods. Service-discovery routes never read pods, and
+// a cluster-wide pod cache was most of the controller's memory (10,000
+// pods: about 100 MiB with the initial list's decode), paid even by
+// clusters with no selector route at all; a cache of a whole namespace
+// still cost every pod of the namespace for a route selecting five of
+// them. Each cache lists and watches with its selector, so the API server
+// sends only the pods it matches and memory follows the selected pods.
 
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -28,44 +35,72 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// DefaultPodCacheIdle is how long a namespace's pod cache is kept after
-// the last route selecting pods there went away: a route deleted and
-// re-created (a rename, a helm upgrade) does not relist the namespace.
+// DefaultPodCacheIdle is how long a pod cache is kept after the last route
+// selecting its pods went away: a route deleted and re-created (a rename,
+// a helm upgrade) does not relist its pods.
 const DefaultPodCacheIdle = time.Minute
 
-// podCaches runs one pod cache per namespace where a route selects pods.
+// podKey names one pod cache: the pods of namespace ns that selector sel
+// matches, sel in its canonical form (labels.Selector's String: sorted
+// requirements, so "b=2,a=1" and "a=1, b=2" share one cache). An empty sel
+// is every pod of the namespace (the pods behind a Service without a
+// selector).
+type podKey struct{ ns, sel string }
+
+func (k podKey) String() string { return k.ns + "/" + k.sel }
+
+// newPodKey parses selector for the cache of its pods in ns.
+func newPodKey(ns, selector string) (podKey, labels.Selector, error) {
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return podKey{}, nil, fmt.Errorf("selector %q: %w", selector, err)
+	}
+	return podKey{ns: ns, sel: sel.String()}, sel, nil
+}
+
+// podCaches runs one pod cache per distinct (namespace, selector) that
+// routes read, shared by every route reading it.
 type podCaches struct {
 	cfg    *rest.Config
 	scheme *runtime.Scheme
-	// inUse lists the namespaces that currently have selector routes.
-	inUse func(ctx context.Context) ([]string, error)
+	// httpClient and mapper, if set, are shared by the caches (the
+	// manager's), instead of a transport and a discovery per cache.
+	httpClient *http.Client
+	mapper     meta.RESTMapper
+	// inUse lists the caches routes currently read.
+	inUse func(ctx context.Context) ([]podKey, error)
 	// watch connects a started cache's pod events to the controller.
 	watch func(c cache.Cache) error
 	idle  time.Duration
 
-	mu   sync.Mutex
-	byNS map[string]*nsPods
+	mu    sync.Mutex
+	byKey map[podKey]*selPods
 }
 
-type nsPods struct {
+type selPods struct {
 	ready  chan struct{} // closed once synced (or failed: err set)
 	err    error
 	cache  cache.Cache
 	stop   context.CancelFunc
-	unused time.Time // since when no selector route is in the namespace
+	unused time.Time // since when no route reads these pods
 }
 
-// reader returns the synced pod cache of ns, starting it on first use.
-func (p *podCaches) reader(ctx context.Context, ns string) (client.Reader, error) {
+// reader returns the synced cache of the pods of ns matching selector,
+// starting it on first use.
+func (p *podCaches) reader(ctx context.Context, ns, selector string) (client.Reader, error) {
+	k, sel, err := newPodKey(ns, selector)
+	if err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
-	e, ok := p.byNS[ns]
+	e, ok := p.byKey[k]
 	if !ok {
-		e = &nsPods{ready: make(chan struct{})}
-		if p.byNS == nil {
-			p.byNS = map[string]*nsPods{}
+		e = &selPods{ready: make(chan struct{})}
+		if p.byKey == nil {
+			p.byKey = map[podKey]*selPods{}
 		}
-		p.byNS[ns] = e
-		go p.start(ns, e)
+		p.byKey[k] = e
+		go p.start(k, sel, e)
 	}
 	e.unused = time.Time{}
 	p.mu.Unlock()
@@ -76,8 +111,8 @@ func (p *podCaches) reader(ctx context.Context, ns string) (client.Reader, error
 	}
 	if e.err != nil {
 		p.mu.Lock()
-		if p.byNS[ns] == e {
-			delete(p.byNS, ns) // the next reconcile tries again
+		if p.byKey[k] == e {
+			delete(p.byKey, k) // the next reconcile tries again
 		}
 		p.mu.Unlock()
 		return nil, e.err
@@ -85,82 +120,89 @@ func (p *podCaches) reader(ctx context.Context, ns string) (client.Reader, error
 	return e.cache, nil
 }
 
-func (p *podCaches) start(ns string, e *nsPods) {
+func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 	defer close(e.ready)
+	pods := cache.ByObject{Transform: discovery.StripPod}
+	if !sel.Empty() {
+		pods.Label = sel
+	}
 	c, err := cache.New(p.cfg, cache.Options{
 		Scheme:            p.scheme,
-		DefaultNamespaces: map[string]cache.Config{ns: {}},
+		HTTPClient:        p.httpClient,
+		Mapper:            p.mapper,
+		DefaultNamespaces: map[string]cache.Config{k.ns: {}},
 		DefaultTransform:  cache.TransformStripManagedFields(),
-		ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: discovery.StripPod}},
+		ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: pods},
 	})
 	if err != nil {
-		e.err = fmt.Errorf("pod cache for namespace %s: %w", ns, err)
+		e.err = fmt.Errorf("pod cache %s: %w", k, err)
 		return
 	}
 	if err := c.IndexField(context.Background(), &corev1.Pod{}, discovery.IndexPodNode, discovery.PodNodeIndex); err != nil {
-		e.err = fmt.Errorf("pod cache for namespace %s: %w", ns, err)
+		e.err = fmt.Errorf("pod cache %s: %w", k, err)
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		if err := c.Start(ctx); err != nil {
-			ctrl.Log.WithName(Name).Error(err, "pod cache stopped", "namespace", ns)
+			ctrl.Log.WithName(Name).Error(err, "pod cache stopped", "namespace", k.ns, "selector", k.sel)
 		}
 	}()
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer scancel()
 	if _, err := c.GetInformer(sctx, &corev1.Pod{}); err != nil || !c.WaitForCacheSync(sctx) {
 		cancel()
-		e.err = fmt.Errorf("pod cache for namespace %s did not sync: %v", ns, err)
+		e.err = fmt.Errorf("pod cache %s did not sync: %v", k, err)
 		return
 	}
 	if err := p.watch(c); err != nil {
 		cancel()
-		e.err = fmt.Errorf("watch pods in namespace %s: %w", ns, err)
+		e.err = fmt.Errorf("watch pods %s: %w", k, err)
 		return
 	}
 	p.mu.Lock()
 	e.cache, e.stop = c, cancel
 	p.mu.Unlock()
-	ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache started", "namespace", ns)
+	ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache started", "namespace", k.ns, "selector", k.sel)
 }
 
-// running lists the namespaces with a synced pod cache, sorted.
-func (p *podCaches) running() []string {
+// synced are the entries with a synced cache.
+func (p *podCaches) synced() map[podKey]*selPods {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []string
-	for ns, e := range p.byNS {
+	out := map[podKey]*selPods{}
+	for k, e := range p.byKey {
 		select {
 		case <-e.ready:
-			if e.err == nil {
-				out = append(out, ns)
+			if e.err == nil && e.cache != nil {
+				out[k] = e
 			}
 		default:
 		}
 	}
-	slices.Sort(out)
 	return out
 }
 
-// readers are the synced pod caches (for lookups across namespaces).
+// running lists the synced pod caches, sorted.
+func (p *podCaches) running() []podKey {
+	var out []podKey
+	for k := range p.synced() {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b podKey) int { return strings.Compare(a.ns+"\x00"+a.sel, b.ns+"\x00"+b.sel) })
+	return out
+}
+
+// readers are the synced pod caches (for lookups across them).
 func (p *podCaches) readers() []client.Reader {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	var out []client.Reader
-	for _, e := range p.byNS {
-		select {
-		case <-e.ready:
-			if e.err == nil {
-				out = append(out, e.cache)
-			}
-		default:
-		}
+	for _, e := range p.synced() {
+		out = append(out, e.cache)
 	}
 	return out
 }
 
-// sweep stops the caches of namespaces without selector routes for idle.
+// sweep stops the caches no route reads any more for idle.
 func (p *podCaches) sweep(ctx context.Context, now time.Time) {
 	used, err := p.inUse(ctx)
 	if err != nil {
@@ -168,8 +210,8 @@ func (p *podCaches) sweep(ctx context.Context, now time.Time) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for ns, e := range p.byNS {
-		if slices.Contains(used, ns) {
+	for k, e := range p.byKey {
+		if slices.Contains(used, k) {
 			e.unused = time.Time{}
 			continue
 		}
@@ -186,8 +228,8 @@ func (p *podCaches) sweep(ctx context.Context, now time.Time) {
 			if e.stop != nil {
 				e.stop()
 			}
-			delete(p.byNS, ns)
-			ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache stopped: no route selects pods here", "namespace", ns)
+			delete(p.byKey, k)
+			ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache stopped: no route selects these pods", "namespace", k.ns, "selector", k.sel)
 		}
 	}
 }
@@ -200,7 +242,7 @@ func (p *podCaches) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			p.mu.Lock()
-			for _, e := range p.byNS {
+			for _, e := range p.byKey {
 				if e.stop != nil {
 					e.stop()
 				}
@@ -225,39 +267,69 @@ func (r *Reconciler) podWatch(c controller.Controller) func(cache.Cache) error {
 	}
 }
 
-// podNamespaces lists the namespaces whose pods routes read: those of the
-// routes that select pods, and those of the consumer Services
-// (spec.nginx.service, spec.cart.service) whose pods report what they
-// serve.
-func (r *Reconciler) podNamespaces(ctx context.Context) ([]string, error) {
+// podSelectors lists the pod caches routes read: one per distinct selector
+// of the routes that select pods (discovery.RouteSelectors, in the route's
+// namespace), and one per consumer Service (spec.nginx.service,
+// spec.cart.service) whose pods report what they serve: the pods its
+// selector matches.
+func (r *Reconciler) podSelectors(ctx context.Context) ([]podKey, error) {
 	var l v1alpha1.ModelRouteList
 	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
-	var out []string
-	add := func(ns string) {
-		if !slices.Contains(out, ns) {
-			out = append(out, ns)
+	var out []podKey
+	add := func(k podKey) {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
 		}
 	}
 	for i := range l.Items {
 		rt := &l.Items[i]
-		if len(discovery.RouteSelectors(rt)) > 0 {
-			add(rt.Namespace)
+		for _, s := range discovery.RouteSelectors(rt) {
+			if k, _, err := newPodKey(rt.Namespace, s); err == nil {
+				add(k)
+			}
 		}
 		for _, g := range consumerGroups(rt) {
-			if ns, _, _ := strings.Cut(g.service, "/"); g.service != "" && r.watches(ns) {
-				add(ns)
+			if g.service == "" {
+				continue
+			}
+			if ns, _, _ := strings.Cut(g.service, "/"); !r.watches(ns) {
+				continue
+			}
+			ns, sel, err := r.servicePods(ctx, g.service)
+			if err != nil {
+				return nil, err
+			}
+			if k, _, err := newPodKey(ns, sel); err == nil {
+				add(k)
 			}
 		}
 	}
 	return out, nil
 }
 
-// podReader is the pod cache of ns (started on first use).
-func (r *Reconciler) podReader(ctx context.Context, ns string) (client.Reader, error) {
+// servicePods tells which pods are behind the Service ref ("ns/name"):
+// those of its namespace that its selector matches; every pod of the
+// namespace for a Service without a selector (whose endpoints someone else
+// maintains) or not in the cache (yet).
+func (r *Reconciler) servicePods(ctx context.Context, ref string) (ns, selector string, err error) {
+	ns, name, _ := strings.Cut(ref, "/")
+	var svc corev1.Service
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ns, "", nil
+		}
+		return ns, "", fmt.Errorf("get service %s: %w", ref, err)
+	}
+	return ns, labels.SelectorFromSet(svc.Spec.Selector).String(), nil
+}
+
+// podReader is the cache of the pods of ns matching selector (started on
+// first use).
+func (r *Reconciler) podReader(ctx context.Context, ns, selector string) (client.Reader, error) {
 	if r.pods == nil {
 		return r.Client, nil // tests without a manager
 	}
-	return r.pods.reader(ctx, ns)
+	return r.pods.reader(ctx, ns, selector)
 }

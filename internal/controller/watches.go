@@ -34,7 +34,7 @@ import (
 // namespaces is not empty, namespaced objects cached only there (Nodes are
 // cluster-scoped and always cached, metadata only; ConfigMaps metadata
 // only). Pods are not in the manager's cache: they are cached per
-// namespace, only while a route selects pods there (podCaches).
+// namespace and label selector, only the pods routes select (podCaches).
 //
 // A read of a kind the controller does not watch fails instead of starting
 // a cache of it (ErrResourceNotCached): a typed ConfigMap read through the
@@ -120,7 +120,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if idle <= 0 {
 		idle = DefaultPodCacheIdle
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), inUse: r.podNamespaces, watch: r.podWatch(c), idle: idle}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), httpClient: mgr.GetHTTPClient(), mapper: mgr.GetRESTMapper(),
+		inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
 	return mgr.Add(r.pods)
 }
 

@@ -90,8 +90,8 @@ func RouteSelectors(r *v1alpha1.ModelRoute) []string {
 }
 
 // PodNodeIndex is the IndexPodNode function. Pods are cached per
-// namespace, only where routes select pods, so it is registered on those
-// caches, not by SetupIndexes.
+// namespace and selector, only the pods routes select, so it is registered
+// on those caches, not by SetupIndexes.
 func PodNodeIndex(o client.Object) []string {
 	if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
 		return []string{p.Spec.NodeName}

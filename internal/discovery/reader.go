@@ -21,10 +21,10 @@ import (
 // manager's cache with the indexes of SetupIndexes registered.
 type Reader struct {
 	Client client.Reader
-	// Pods, if set, gives the reader of a namespace's pods (the
-	// controller caches pods per namespace, only where routes select
-	// them); nil reads pods through Client.
-	Pods func(ctx context.Context, ns string) (client.Reader, error)
+	// Pods, if set, gives the reader of the pods of namespace ns that
+	// selector matches (the controller caches pods per namespace and
+	// selector, only those routes select); nil reads pods through Client.
+	Pods func(ctx context.Context, ns, selector string) (client.Reader, error)
 }
 
 // Snapshot discovers everything the compiler needs for route (validated and
@@ -123,7 +123,7 @@ func (r *Reader) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, e
 	}
 	reader := r.Client
 	if r.Pods != nil {
-		if reader, err = r.Pods(ctx, ns); err != nil {
+		if reader, err = r.Pods(ctx, ns, selector); err != nil {
 			return nil, err
 		}
 	}

@@ -1,0 +1,253 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+)
+
+// cachedPods are the pods ("ns/name", sorted) each running pod cache
+// holds (a List of the cache without selector: its informer's whole
+// store), what the controller keeps in memory.
+func cachedPods(t testing.TB, p *podCaches) map[podKey][]string {
+	t.Helper()
+	out := map[podKey][]string{}
+	for k, e := range p.synced() {
+		var l corev1.PodList
+		if err := e.cache.List(context.Background(), &l, client.UnsafeDisableDeepCopy); err != nil {
+			t.Fatalf("pod cache %s: %v", k, err)
+		}
+		keys := []string{}
+		for _, p := range l.Items {
+			keys = append(keys, p.Namespace+"/"+p.Name)
+		}
+		slices.Sort(keys)
+		out[k] = keys
+	}
+	return out
+}
+
+// createPods creates n pods named prefix-<i> with labels, a container that
+// declares port 8000 and, with ips, the status a kubelet reports for a
+// running pod (IP 10.<ips>.x.y), in parallel.
+func createPods(t testing.TB, ns, prefix string, n int, labels map[string]string, ips ...int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				name := fmt.Sprintf("%s-%d", prefix, i)
+				p := benchPod(ns, name, labels)
+				if err := k8s.Create(context.Background(), p); err != nil {
+					errs <- err
+					continue
+				}
+				if len(ips) > 0 {
+					ip := fmt.Sprintf("10.%d.%d.%d", ips[0], i/250, i%250+1)
+					p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: "192.168.0.1",
+						StartTime: &metav1.Time{Time: time.Now()},
+						Conditions: []corev1.PodCondition{
+							{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue},
+							{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}, {Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
+						ContainerStatuses: []corev1.ContainerStatus{{Name: "vllm", Ready: true, Image: "vllm/vllm-openai:v0.6.3", ContainerID: "containerd://" + name}}}
+					if err := k8s.Status().Update(context.Background(), p); err != nil {
+						errs <- err
+					}
+				}
+			}
+		}()
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// benchPod is a pod shaped like a Deployment's: owner reference, template
+// hash, a container with resources, env and probes; most of it is
+// stripped from the cache (discovery.StripPod).
+func benchPod(ns, name string, labels map[string]string) *corev1.Pod {
+	l := map[string]string{"pod-template-hash": "7d9f8b6c5d"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: l,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-7d9f8b6c5d", UID: "0b6f1f9e-6b1e-4a52-9a3c-3f1d2e4c5b6a"}}},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{
+			Name: "vllm", Image: "vllm/vllm-openai:v0.6.3",
+			Args:  []string{"--model", "/models/llama-3-8b", "--port", "8000", "--tensor-parallel-size", "1"},
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}},
+			Env:   []corev1.EnvVar{{Name: "HF_HOME", Value: "/models"}, {Name: "VLLM_LOGGING_LEVEL", Value: "INFO"}},
+			Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
+			},
+		}}},
+	}
+}
+
+// TestPodCacheHoldsOnlySelectedPods: a selector route used to cache every
+// pod of its namespace (200 here) for the 5 it selects. The pod cache is
+// now per namespace and selector: it holds the 5, shared by the routes
+// with the same selector (however written), another selector has its own,
+// and each goes an idle delay after its last route.
+func TestPodCacheHoldsOnlySelectedPods(t *testing.T) {
+	ns := namespace(t, "podsel")
+	h := startManager(t, ns)
+	configMap(t, ns, "routes", nil, nil)
+	createPods(t, ns, "noise", 200, map[string]string{"app": "noise"})
+	var want []string
+	for i := range 5 {
+		pod(t, ns, fmt.Sprintf("sel-%d", i), map[string]string{"app": "sel", "tier": "a"}, fmt.Sprintf("10.8.0.%d", i+1), true, 8000)
+		want = append(want, fmt.Sprintf("%s/sel-%d", ns, i))
+	}
+	pod(t, ns, "sel-b", map[string]string{"app": "sel", "tier": "b"}, "10.8.1.1", true, 8000)
+	pod(t, ns, "other-c", map[string]string{"app": "other", "tier": "c"}, "10.8.1.2", true, 8000)
+	selRoute := func(name, sel string) *v1alpha1.ModelRoute {
+		return newRoute(ns, name, "", func(r *v1alpha1.ModelRoute) { r.Spec.Discovery = v1alpha1.Discovery{Selector: sel} })
+	}
+	hosts := func(ips ...string) []string {
+		var out []string
+		for _, ip := range ips {
+			out = append(out, host(ip))
+		}
+		return out
+	}
+	sel5 := hosts("10.8.0.1", "10.8.0.2", "10.8.0.3", "10.8.0.4", "10.8.0.5")
+	others := hosts("10.8.1.1", "10.8.1.2")
+
+	createRoute(t, selRoute("a", "app=sel,tier in (a)"))
+	waitKey(t, ns, "routes", routeKey("a"), sel5, others)
+	keyA := podKey{ns, "app=sel,tier in (a)"}
+	if got := cachedPods(t, h.r.pods); len(got) != 1 || !slices.Equal(got[keyA], want) {
+		t.Fatalf("pod caches hold %v, want only %s with the 5 selected pods %v", got, keyA, want)
+	}
+	first := h.r.pods.synced()[keyA].cache
+
+	// The same selector, written otherwise: the same cache.
+	createRoute(t, selRoute("b", "tier in (a), app = sel"))
+	waitKey(t, ns, "routes", routeKey("b"), sel5, others)
+	if got := h.r.pods.running(); !slices.Equal(got, []podKey{keyA}) {
+		t.Fatalf("pod caches %v, want only %s (shared)", got, keyA)
+	}
+	if h.r.pods.synced()[keyA].cache != first {
+		t.Fatal("the second route with the same selector started another pod cache")
+	}
+
+	// Another selector (set-based), another cache: with its pods only.
+	createRoute(t, selRoute("c", "tier in (b,c)"))
+	waitKey(t, ns, "routes", routeKey("c"), others, sel5)
+	keyC := podKey{ns, "tier in (b,c)"}
+	got := cachedPods(t, h.r.pods)
+	if len(got) != 2 || !slices.Equal(got[keyA], want) || !slices.Equal(got[keyC], []string{ns + "/other-c", ns + "/sel-b"}) {
+		t.Fatalf("pod caches hold %v, want %s: the 5, %s: other-c and sel-b", got, keyA, keyC)
+	}
+
+	// Pod events still reach the routes whose selectors match.
+	pod(t, ns, "sel-5", map[string]string{"app": "sel", "tier": "a"}, "10.8.0.6", true, 8000)
+	waitKey(t, ns, "routes", routeKey("a"), hosts("10.8.0.6"), others)
+	waitKey(t, ns, "routes", routeKey("b"), hosts("10.8.0.6"), others)
+
+	// Deleting b leaves a's cache (a still reads it); deleting c stops
+	// c's after the idle delay.
+	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "b")))
+	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "c")))
+	eventually(t, "the cache of c's selector to stop", func() (bool, string) {
+		got := h.r.pods.running()
+		return slices.Equal(got, []podKey{keyA}), fmt.Sprint(got)
+	})
+	if h.r.pods.synced()[keyA].cache != first {
+		t.Fatal("the shared pod cache was restarted")
+	}
+	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "a")))
+	eventually(t, "every pod cache to stop", func() (bool, string) {
+		got := h.r.pods.running()
+		return len(got) == 0, fmt.Sprint(got)
+	})
+}
+
+// TestPodCacheHeap measures what a pod cache keeps: POD_CACHE_HEAP=1 runs
+// it (creating 2000 pods takes a while). A namespace of 2000 pods, a
+// selector matching 1 % of them: the heap (after GC) of a cache of the
+// whole namespace, as the controller kept before, against the cache of
+// the selector.
+//
+//	POD_CACHE_HEAP=1 go test -run TestPodCacheHeap -v ./internal/controller/
+func TestPodCacheHeap(t *testing.T) {
+	if v, _ := strconv.ParseBool(os.Getenv("POD_CACHE_HEAP")); !v {
+		t.Skip("set POD_CACHE_HEAP=1 to measure")
+	}
+	const n, matched = 2000, 20
+	ns := namespace(t, "podheap")
+	createPods(t, ns, "noise", n-matched, map[string]string{"app": "noise"}, 64)
+	createPods(t, ns, "sel", matched, map[string]string{"app": "sel"}, 65)
+
+	// Shared by the caches, as the controller shares the manager's.
+	hc, err := rest.HTTPClientFor(testCfg)
+	must(t, err)
+	mapper, err := apiutil.NewDynamicRESTMapper(testCfg, hc)
+	must(t, err)
+	_, err = mapper.RESTMapping(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), "v1") // its discovery, once
+	must(t, err)
+	for _, shape := range []struct{ name, sel string }{
+		// The small ones first: what is left of a stopped cache is
+		// then small too. A selector matching nothing is the cost of
+		// a cache without pods (client, mapper, informer).
+		{"selector matching none", "app=none"},
+		{"selector app=sel, 1% (after)", "app=sel"},
+		{"whole namespace (before)", ""},
+	} {
+		p := &podCaches{cfg: testCfg, scheme: testScheme, httpClient: hc, mapper: mapper, idle: time.Minute,
+			watch: func(cache.Cache) error { return nil }}
+		before := heapAfterGC()
+		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
+			t.Fatal(err)
+		}
+		after := heapAfterGC()
+		held := 0
+		for _, keys := range cachedPods(t, p) {
+			held += len(keys)
+		}
+		t.Logf("%s: %d of %d pods cached, heap +%d KiB", shape.name, held, n, (int64(after)-int64(before))/1024)
+		p.mu.Lock()
+		for _, e := range p.byKey {
+			e.stop()
+		}
+		p.mu.Unlock()
+		time.Sleep(time.Second) // its goroutines end: not freed during the next
+	}
+}
+
+// heapAfterGC is the live heap after two collections.
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
