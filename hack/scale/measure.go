@@ -380,7 +380,10 @@ func (lw *leaseWatcher) run(ctx context.Context, cs kubernetes.Interface, ns, na
 		for ev := range wi.ResultChan() {
 			l, ok := ev.Object.(*coordinationv1.Lease)
 			if !ok {
-				continue
+				// An error event (e.g. 410 Gone): watch again from now;
+				// its first event is the Lease's current state.
+				rv = ""
+				break
 			}
 			at := time.Now()
 			rv = l.ResourceVersion

@@ -215,7 +215,7 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	var leases *leaseWatcher
 	if o.Takeover {
 		leases = newLeaseWatcher()
-		go leases.run(wctx, cl.cs, leaseNamespace, leaderElectionID)
+		go leases.run(wctx, cl.csJSON, leaseNamespace, leaderElectionID) // no client timeout: a long watch
 	}
 
 	// The controller, started after the cluster exists.
