@@ -345,10 +345,11 @@ func (b *bench) setup(ctx context.Context, cl *cluster, l layout, times *setupTi
 		return nil, err
 	}
 	times.Nodes += cmT + nsT
-	if err := step("Services", &times.Services, l.routes, func(ctx context.Context, r int) error {
-		if l.selector(r) {
-			return nil
-		}
+	// Selector routes (the first selRoutes) have no Service and no
+	// EndpointSlices.
+	svcRoutes := l.routes - l.selRoutes
+	if err := step("Services", &times.Services, svcRoutes, func(ctx context.Context, i int) error {
+		r := l.selRoutes + i
 		return retry(ctx, "service "+l.routeName(r), func() error {
 			s, err := cl.cs.CoreV1().Services(l.routeNS(r)).Create(ctx, service(l, r), metav1.CreateOptions{})
 			if err == nil {
@@ -364,10 +365,8 @@ func (b *bench) setup(ctx context.Context, cl *cluster, l layout, times *setupTi
 	}); err != nil {
 		return nil, err
 	}
-	if err := step("routes' EndpointSlice sets", &times.Slices, l.routes, func(ctx context.Context, r int) error {
-		if l.selector(r) {
-			return nil
-		}
+	if err := step("routes' EndpointSlice sets", &times.Slices, svcRoutes, func(ctx context.Context, i int) error {
+		r := l.selRoutes + i
 		for _, s := range w.desiredSlices(r) {
 			err := retry(ctx, "endpointslice "+s.Name, func() error {
 				got, err := cl.cs.DiscoveryV1().EndpointSlices(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
