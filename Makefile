@@ -85,6 +85,12 @@ fuzz: deps ## fuzz the route generator against real nginx for FUZZTIME; failing 
 demo: deps envtest ## the whole loop on a laptop: control plane, controller, routes, scaling
 	$(GO) run ./hack/demo
 
+# Extra flags of bench-scale go in BENCH_SCALE_FLAGS (go run ./hack/scale -h;
+# docs/performance.md), e.g.:
+#   make bench-scale BENCH_SCALE_FLAGS='-matrix 100x10 -pods 2000'                      # one small run, under a minute
+#   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -selector-share 0.1'            # 10 % of the routes discover by selector
+#   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -takeover'                      # two replicas, SIGKILL to the leader, the standby takes over
+#   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -rev HEAD~1'                    # the controller of another commit
 .PHONY: bench-scale
 bench-scale: envtest ## scale benchmark, not part of make test (8-30 min): 10k pods, routes x ConfigMaps matrix, the real controller on a real API server; docs/performance.md; extra flags in BENCH_SCALE_FLAGS
 	$(GO) run ./hack/scale $(BENCH_SCALE_FLAGS)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,9 @@ const (
 	gpuProductLabel = "nvidia.com/gpu.product"
 	// serviceCIDR replaces envtest's /24, too small for 1000 Services.
 	serviceCIDR = "10.96.0.0/16"
+	// leaseNamespace holds the controllers' leader-election Lease
+	// (the chart's release namespace) in a -takeover run.
+	leaseNamespace = "autoconfig"
 	// maxPods is the number of distinct pod IPs per generation
 	// (10.64.0.0/12 before the rollout, 10.80.0.0/12 after).
 	maxPods = 16 * 256 * 254
@@ -57,6 +61,28 @@ const (
 type layout struct {
 	routes, cms, pods, nodes, nss, sliceSize, rolloutPct int
 	modelType                                            string
+	// selRoutes routes (the first ones: round robin over the namespaces
+	// and the ConfigMaps) discover their pods by label selector and have
+	// no Service or EndpointSlice; the others by Service.
+	selRoutes int
+}
+
+// selector reports whether route r discovers its pods by selector.
+func (l layout) selector(r int) bool { return r < l.selRoutes }
+
+// selectorOf is route r's pod label selector: its pods' labels.
+func (l layout) selectorOf(r int) string {
+	return "app.kubernetes.io/name=vllm,app.kubernetes.io/instance=" + l.routeName(r)
+}
+
+// selectorNamespaces are the namespaces holding selector routes (where
+// the controller caches pods).
+func (l layout) selectorNamespaces() []string {
+	var out []string
+	for r := 0; r < min(l.selRoutes, l.nss); r++ {
+		out = append(out, l.routeNS(r))
+	}
+	return out
 }
 
 func (l layout) routeName(r int) string { return fmt.Sprintf("model-%04d", r) }
@@ -288,10 +314,11 @@ func (b *bench) setup(ctx context.Context, cl *cluster, l layout, times *setupTi
 	for i := 0; i < min(l.nss, l.routes); i++ {
 		nss = append(nss, l.routeNS(i))
 	}
+	all := append(slices.Clone(nss), leaseNamespace)
 	var nsT float64
-	if err := step("namespaces", &nsT, len(nss), func(ctx context.Context, i int) error {
-		return retry(ctx, "namespace "+nss[i], func() error {
-			_, err := cl.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nss[i]}}, metav1.CreateOptions{})
+	if err := step("namespaces", &nsT, len(all), func(ctx context.Context, i int) error {
+		return retry(ctx, "namespace "+all[i], func() error {
+			_, err := cl.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: all[i]}}, metav1.CreateOptions{})
 			return err
 		})
 	}); err != nil {
@@ -318,7 +345,11 @@ func (b *bench) setup(ctx context.Context, cl *cluster, l layout, times *setupTi
 		return nil, err
 	}
 	times.Nodes += cmT + nsT
-	if err := step("Services", &times.Services, l.routes, func(ctx context.Context, r int) error {
+	// Selector routes (the first selRoutes) have no Service and no
+	// EndpointSlices.
+	svcRoutes := l.routes - l.selRoutes
+	if err := step("Services", &times.Services, svcRoutes, func(ctx context.Context, i int) error {
+		r := l.selRoutes + i
 		return retry(ctx, "service "+l.routeName(r), func() error {
 			s, err := cl.cs.CoreV1().Services(l.routeNS(r)).Create(ctx, service(l, r), metav1.CreateOptions{})
 			if err == nil {
@@ -334,7 +365,8 @@ func (b *bench) setup(ctx context.Context, cl *cluster, l layout, times *setupTi
 	}); err != nil {
 		return nil, err
 	}
-	if err := step("routes' EndpointSlice sets", &times.Slices, l.routes, func(ctx context.Context, r int) error {
+	if err := step("routes' EndpointSlice sets", &times.Slices, svcRoutes, func(ctx context.Context, i int) error {
+		r := l.selRoutes + i
 		for _, s := range w.desiredSlices(r) {
 			err := retry(ctx, "endpointslice "+s.Name, func() error {
 				got, err := cl.cs.DiscoveryV1().EndpointSlices(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
@@ -575,15 +607,20 @@ func sliceSuffix(r, s int) string {
 	return string(b[:])
 }
 
-// route is a minimal ModelRoute for route r: service discovery, the
-// backend pod-IP tier only, no cart and no monitor.
+// route is a minimal ModelRoute for route r: service discovery (selector
+// discovery for the selector routes), the backend pod-IP tier only, no
+// cart and no monitor.
 func route(l layout, r int) *v1alpha1.ModelRoute {
+	d := v1alpha1.Discovery{Service: l.routeName(r)}
+	if l.selector(r) {
+		d = v1alpha1.Discovery{Selector: l.selectorOf(r)}
+	}
 	return &v1alpha1.ModelRoute{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.APIVersion, Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: l.routeNS(r), Name: l.routeName(r)},
 		Spec: v1alpha1.Spec{
 			ModelType: l.modelType,
-			Discovery: v1alpha1.Discovery{Service: l.routeName(r)},
+			Discovery: d,
 			Nginx: v1alpha1.Nginx{
 				OutputConfigMap: cmNamespace + "/" + l.cmName(l.cmOf(r)),
 				Peers:           []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}},

@@ -9,10 +9,19 @@
 // convergence time, the ConfigMap writes and the bytes a ConfigMap watcher
 // receives. A bare EndpointSlice informer in a second, small process
 // (./hack/scale/floor) is the floor the controller's memory is compared
-// with.
+// with. The cold start is also reported as the time until every route is
+// Ready, with the ModelRoute and ConfigMap writes it took.
+//
+// -selector-share makes a share of the routes discover their pods by
+// label selector instead of by Service. -takeover runs two replicas with
+// leader election instead of the rollout, kills the leader after the sync
+// and measures the standby's takeover: Lease acquisition, convergence of
+// a change made right after the kill, and its writes.
 //
 //	make bench-scale     # or: go run ./hack/scale [flags]
 //	go run ./hack/scale -matrix 100x10 -pods 2000   # one small run
+//	go run ./hack/scale -matrix 100x10 -pods 2000 -selector-share 0.1
+//	go run ./hack/scale -matrix 100x10 -pods 2000 -takeover
 //
 // Each R×C entry of -matrix runs on a fresh control plane. Results go to
 // stdout (a markdown table, then one JSON line per run); progress to
@@ -65,6 +74,9 @@ type options struct {
 	Keep            bool
 	EtcdFsync       bool
 	Profile         bool
+	SelectorShare   float64
+	Takeover        bool
+	TakeoverRoutes  int
 
 	shapes []shape
 }
@@ -100,6 +112,9 @@ func (o *options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ControllerFlags, "controller-flags", "", "extra flags for the controller command, space-separated, e.g. \"--max-concurrent-reconciles 8\" (default: none, the controller's defaults)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the temporary directory (controller logs, kubeconfig)")
 	fs.BoolVar(&o.Profile, "profile", false, "serve the controller's pprof on a local port and save its heap profile after the sync and after the rollout into the run's directory (implies -keep; the controller must have --pprof-bind-address)")
+	fs.Float64Var(&o.SelectorShare, "selector-share", 0, "share of the routes (0 to 1) that discover their pods by discovery.selector (their pods' labels; no Service, no EndpointSlices) instead of by Service; the first routes, so they spread over the namespaces and ConfigMaps. The controller then caches the pods of their namespaces: the floor is measured a second time with those pods")
+	fs.BoolVar(&o.Takeover, "takeover", false, "instead of the rollout: run two controller replicas with the chart's leader-election flags, and after the initial sync SIGKILL the leader, move one pod of -takeover-routes routes at once, and measure the standby's Lease acquisition, its convergence and its writes")
+	fs.IntVar(&o.TakeoverRoutes, "takeover-routes", 10, "with -takeover: routes (spread over all) whose first pod gets a new IP right after the kill")
 	fs.BoolVar(&o.EtcdFsync, "etcd-fsync", false, "let etcd fsync its writes (off by default: setup is faster and the controller, not the disk, is measured)")
 }
 
@@ -141,6 +156,12 @@ func (o *options) Validate() error {
 	}
 	if o.Timeout <= 0 || o.Poll <= 0 || o.Sample <= 0 || o.Settle < 0 {
 		errs = append(errs, errors.New("-timeout, -poll and -sample must be > 0, -settle >= 0"))
+	}
+	if o.SelectorShare < 0 || o.SelectorShare > 1 {
+		errs = append(errs, errors.New("-selector-share must be from 0 to 1"))
+	}
+	if o.TakeoverRoutes < 1 {
+		errs = append(errs, errors.New("-takeover-routes must be at least 1"))
 	}
 	if o.Rev != "" && o.Autoconfig != "" {
 		errs = append(errs, errors.New("-rev and -autoconfig exclude each other"))

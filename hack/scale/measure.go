@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"regexp"
@@ -17,13 +18,16 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/schema/routespec"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 
 	"github.com/modelsphere/autoconfig/hack/scale/procmem"
 )
@@ -143,13 +147,15 @@ func (p *proc) tail() string {
 
 // sampler records the maximum VmRSS of a process per phase.
 type sampler struct {
-	pid   int
-	phase *phaseVar
-	mu    sync.Mutex
-	max   map[string]int64
-	all   int64
-	n     int
-	err   error
+	// cancel ends run (stop).
+	cancel context.CancelFunc
+	pid    int
+	phase  *phaseVar
+	mu     sync.Mutex
+	max    map[string]int64
+	all    int64
+	n      int
+	err    error
 }
 
 func (s *sampler) run(ctx context.Context, every time.Duration) {
@@ -175,42 +181,74 @@ func (s *sampler) run(ctx context.Context, every time.Duration) {
 	}
 }
 
+func (s *sampler) stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
 func (s *sampler) maxOf(phase string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.max[phase]
 }
 
-// watchStats is what one watcher of the ConfigMaps received in a phase.
+// watchStats is what one watcher received in a phase.
 type watchStats struct {
 	Events int   `json:"events"`
 	Bytes  int64 `json:"bytes"`
-	// Modified counts MODIFIED events by ConfigMap name: the writes.
-	Modified map[string]int `json:"modifiedByConfigMap"`
+	// Modified counts MODIFIED events (resourceVersion changes: the
+	// writes) by object: the name of a ConfigMap, namespace/name of a
+	// ModelRoute.
+	Modified map[string]int `json:"modifiedByObject"`
+	// StatusModified counts the MODIFIED events that changed the
+	// object's status (ModelRoutes only).
+	StatusModified map[string]int `json:"statusModifiedByObject,omitempty"`
 }
 
-// cmWatcher is one watcher of every ConfigMap of a namespace, as a
-// reload sidecar in API mode is: it reads the raw JSON stream and counts
-// each event object's bytes, per phase.
-type cmWatcher struct {
+// objWatcher is one watcher of a collection (every ConfigMap of a
+// namespace, as a reload sidecar in API mode is; every ModelRoute): it
+// reads the raw JSON stream and counts each event object's bytes and the
+// writes per object, per phase.
+type objWatcher struct {
+	what  string
 	phase *phaseVar
+	// req is a GET of the collection; the watch parameters are added.
+	req func() *rest.Request
+	// qualify keys objects by namespace/name instead of name.
+	qualify bool
+	// status holds each object's last status (nil: not tracked).
+	status map[string]string
+
 	mu    sync.Mutex
 	stats map[string]*watchStats
 	err   error
 	rv    string
 }
 
-func newWatcher(phase *phaseVar, rv string) *cmWatcher {
-	return &cmWatcher{phase: phase, stats: map[string]*watchStats{}, rv: rv}
+// newCMWatcher watches every ConfigMap of ns from resourceVersion rv.
+func newCMWatcher(phase *phaseVar, cs kubernetes.Interface, ns, rv string) *objWatcher {
+	return &objWatcher{what: "configmaps", phase: phase, stats: map[string]*watchStats{}, rv: rv,
+		req: func() *rest.Request { return cs.CoreV1().RESTClient().Get().Namespace(ns).Resource("configmaps") }}
 }
 
-func (w *cmWatcher) failed() error {
+// modelRoutesPath is the ModelRoute collection of every namespace.
+const modelRoutesPath = "/apis/" + v1alpha1.Group + "/" + v1alpha1.Version + "/modelroutes"
+
+// newRouteWatcher watches every ModelRoute from resourceVersion rv and
+// tells status writes from the others.
+func newRouteWatcher(phase *phaseVar, cs kubernetes.Interface, rv string) *objWatcher {
+	return &objWatcher{what: "modelroutes", phase: phase, stats: map[string]*watchStats{}, rv: rv, qualify: true, status: map[string]string{},
+		req: func() *rest.Request { return cs.CoreV1().RESTClient().Get().AbsPath(modelRoutesPath) }}
+}
+
+func (w *objWatcher) failed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.err
 }
 
-func (w *cmWatcher) get(phase string) watchStats {
+func (w *objWatcher) get(phase string) watchStats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.stats[phase]
@@ -218,18 +256,16 @@ func (w *cmWatcher) get(phase string) watchStats {
 		return watchStats{Modified: map[string]int{}}
 	}
 	out := *s
-	out.Modified = map[string]int{}
-	for k, v := range s.Modified {
-		out.Modified[k] = v
-	}
+	out.Modified = maps.Clone(s.Modified)
+	out.StatusModified = maps.Clone(s.StatusModified)
 	return out
 }
 
 // run watches until ctx ends, reopening the watch from the last seen
 // resourceVersion when the server closes it.
-func (w *cmWatcher) run(ctx context.Context, cs kubernetes.Interface, ns string) {
+func (w *objWatcher) run(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := w.once(ctx, cs, ns)
+		err := w.once(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -242,13 +278,16 @@ func (w *cmWatcher) run(ctx context.Context, cs kubernetes.Interface, ns string)
 	}
 }
 
-func (w *cmWatcher) once(ctx context.Context, cs kubernetes.Interface, ns string) error {
+func (w *objWatcher) once(ctx context.Context) error {
 	timeout := int64(3600)
-	stream, err := cs.CoreV1().RESTClient().Get().Namespace(ns).Resource("configmaps").
-		VersionedParams(&metav1.ListOptions{Watch: true, ResourceVersion: w.rv, AllowWatchBookmarks: true, TimeoutSeconds: &timeout}, scheme.ParameterCodec).
+	w.mu.Lock()
+	rv := w.rv
+	w.mu.Unlock()
+	stream, err := w.req().
+		VersionedParams(&metav1.ListOptions{Watch: true, ResourceVersion: rv, AllowWatchBookmarks: true, TimeoutSeconds: &timeout}, scheme.ParameterCodec).
 		Stream(ctx)
 	if err != nil {
-		return fmt.Errorf("watch configmaps: %w", err)
+		return fmt.Errorf("watch %s: %w", w.what, err)
 	}
 	defer stream.Close()
 	dec := json.NewDecoder(bufio.NewReaderSize(stream, 1<<20))
@@ -261,23 +300,29 @@ func (w *cmWatcher) once(ctx context.Context, cs kubernetes.Interface, ns string
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return nil // closed by the server: reopen
 			}
-			return fmt.Errorf("configmap watch stream: %w", err)
+			return fmt.Errorf("%s watch stream: %w", w.what, err)
 		}
-		var meta struct {
+		var obj struct {
 			Metadata struct {
+				Namespace       string `json:"namespace"`
 				Name            string `json:"name"`
 				ResourceVersion string `json:"resourceVersion"`
 			} `json:"metadata"`
-			Message string `json:"message"`
+			Message string          `json:"message"`
+			Status  json.RawMessage `json:"status"`
 		}
-		if err := json.Unmarshal(ev.Object, &meta); err != nil {
-			return fmt.Errorf("configmap watch event: %w", err)
+		if err := json.Unmarshal(ev.Object, &obj); err != nil {
+			return fmt.Errorf("%s watch event: %w", w.what, err)
 		}
 		if ev.Type == "ERROR" {
-			return fmt.Errorf("configmap watch: %s", meta.Message)
+			return fmt.Errorf("%s watch: %s", w.what, obj.Message)
+		}
+		key := obj.Metadata.Name
+		if w.qualify {
+			key = obj.Metadata.Namespace + "/" + key
 		}
 		w.mu.Lock()
-		w.rv = meta.Metadata.ResourceVersion
+		w.rv = obj.Metadata.ResourceVersion
 		if ev.Type != "BOOKMARK" {
 			ph := w.phase.get()
 			s := w.stats[ph]
@@ -288,10 +333,104 @@ func (w *cmWatcher) once(ctx context.Context, cs kubernetes.Interface, ns string
 			s.Events++
 			s.Bytes += int64(len(ev.Object))
 			if ev.Type == "MODIFIED" {
-				s.Modified[meta.Metadata.Name]++
+				s.Modified[key]++
+			}
+			if w.status != nil {
+				st := string(obj.Status)
+				if ev.Type == "MODIFIED" && st != w.status[key] {
+					if s.StatusModified == nil {
+						s.StatusModified = map[string]int{}
+					}
+					s.StatusModified[key]++
+				}
+				w.status[key] = st
 			}
 		}
 		w.mu.Unlock()
+	}
+}
+
+// leaseWatcher follows the holder of the controller's leader-election
+// Lease and when each holder was first seen.
+type leaseWatcher struct {
+	mu      sync.Mutex
+	holder  string
+	changed chan struct{} // closed and replaced on every holder change
+	seen    map[string]time.Time
+	err     error
+}
+
+func newLeaseWatcher() *leaseWatcher {
+	return &leaseWatcher{changed: make(chan struct{}), seen: map[string]time.Time{}}
+}
+
+func (lw *leaseWatcher) run(ctx context.Context, cs kubernetes.Interface, ns, name string) {
+	sel := "metadata.name=" + name
+	rv := ""
+	for ctx.Err() == nil {
+		wi, err := cs.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: rv})
+		if err != nil {
+			if ctx.Err() == nil {
+				lw.mu.Lock()
+				lw.err = fmt.Errorf("watch lease %s/%s: %w", ns, name, err)
+				lw.mu.Unlock()
+			}
+			return
+		}
+		for ev := range wi.ResultChan() {
+			l, ok := ev.Object.(*coordinationv1.Lease)
+			if !ok {
+				// An error event (e.g. 410 Gone): watch again from now;
+				// its first event is the Lease's current state.
+				rv = ""
+				break
+			}
+			at := time.Now()
+			rv = l.ResourceVersion
+			h := ""
+			if l.Spec.HolderIdentity != nil {
+				h = *l.Spec.HolderIdentity
+			}
+			lw.mu.Lock()
+			if h != lw.holder {
+				lw.holder = h
+				if _, ok := lw.seen[h]; !ok {
+					lw.seen[h] = at
+				}
+				close(lw.changed)
+				lw.changed = make(chan struct{})
+			}
+			lw.mu.Unlock()
+		}
+		wi.Stop()
+	}
+}
+
+// waitHolder waits until the Lease has a holder other than "" and not,
+// and returns it and when it was first seen.
+func (lw *leaseWatcher) waitHolder(ctx context.Context, not string, timeout time.Duration, alive func() error) (string, time.Time, error) {
+	deadline := time.After(timeout)
+	for {
+		lw.mu.Lock()
+		h, ch, at, err := lw.holder, lw.changed, lw.seen[lw.holder], lw.err
+		lw.mu.Unlock()
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if h != "" && h != not {
+			return h, at, nil
+		}
+		if err := alive(); err != nil {
+			return "", time.Time{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", time.Time{}, ctx.Err()
+		case <-deadline:
+			return "", time.Time{}, fmt.Errorf("no new leader within %s (holder %q)", timeout, h)
+		case <-ch:
+		case <-time.After(time.Second):
+		}
 	}
 }
 
@@ -579,4 +718,95 @@ func deltaAPI(a, b apiMark) *apiDelta {
 		}
 	}
 	return d
+}
+
+// kill sends SIGKILL (a node lost, an OOM kill: no Lease release) and
+// waits for the process to end.
+func (p *proc) kill() {
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// routesReady lists every ModelRoute from the API server's watch cache
+// and says how many are Ready (condition Ready True for the current
+// generation); problem names one that is not.
+func routesReady(ctx context.Context, cl *cluster) (ready, total int, problem string, err error) {
+	b, err := cl.csJSON.CoreV1().RESTClient().Get().AbsPath(modelRoutesPath).Param("resourceVersion", "0").DoRaw(ctx)
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("list modelroutes: %w", err)
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Namespace  string `json:"namespace"`
+				Name       string `json:"name"`
+				Generation int64  `json:"generation"`
+			} `json:"metadata"`
+			Status struct {
+				ObservedGeneration int64              `json:"observedGeneration"`
+				Conditions         []metav1.Condition `json:"conditions"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil {
+		return 0, 0, "", fmt.Errorf("list modelroutes: %w", err)
+	}
+	for _, r := range list.Items {
+		ok := false
+		for _, c := range r.Status.Conditions {
+			if c.Type == "Ready" {
+				gen := c.ObservedGeneration
+				if gen == 0 {
+					gen = r.Status.ObservedGeneration
+				}
+				ok = c.Status == metav1.ConditionTrue && gen >= r.Metadata.Generation
+				if !ok && problem == "" {
+					problem = fmt.Sprintf("%s/%s Ready=%s (%s) for generation %d of %d", r.Metadata.Namespace, r.Metadata.Name, c.Status, c.Reason, gen, r.Metadata.Generation)
+				}
+			}
+		}
+		if ok {
+			ready++
+		} else if problem == "" {
+			problem = fmt.Sprintf("%s/%s has no Ready condition", r.Metadata.Namespace, r.Metadata.Name)
+		}
+	}
+	return ready, len(list.Items), problem, nil
+}
+
+// waitRoutesReady lists the routes each -poll until all n are Ready and
+// returns when that list was read.
+func (b *bench) waitRoutesReady(ctx context.Context, cl *cluster, n int, ctrl *proc, what string) (time.Time, error) {
+	deadline := time.Now().Add(b.o.Timeout)
+	tick := time.NewTicker(b.o.Poll)
+	defer tick.Stop()
+	lastLog := time.Now()
+	for {
+		ready, total, problem, err := routesReady(ctx, cl)
+		at := time.Now()
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%s: %w", what, err)
+		}
+		if ready == n && total == n {
+			return at, nil
+		}
+		if ctrl.exited() {
+			return time.Time{}, fmt.Errorf("%s: the controller exited%s", what, ctrl.tail())
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("%s: %d of %d routes Ready within %s, e.g. %s%s", what, ready, n, b.o.Timeout, problem, ctrl.tail())
+		}
+		if time.Since(lastLog) > 30*time.Second {
+			b.logf("  %s: %d of %d routes Ready, e.g. %s", what, ready, n, problem)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-tick.C:
+		}
+	}
 }

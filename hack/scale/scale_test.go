@@ -145,3 +145,38 @@ func TestSpreadOf(t *testing.T) {
 		t.Fatalf("spreadOf = %+v", s)
 	}
 }
+
+func TestSpreadRoutesCoversConfigMapsAndNamespaces(t *testing.T) {
+	for _, c := range []struct{ n, k, cms, nss int }{{100, 10, 10, 10}, {1000, 10, 100, 10}, {1000, 10, 10, 10}, {20, 10, 4, 10}, {10, 10, 10, 10}} {
+		got := spreadRoutes(c.n, c.k)
+		seen, cms, nss := map[int]bool{}, map[int]bool{}, map[int]bool{}
+		for _, r := range got {
+			if r < 0 || r >= c.n || seen[r] {
+				t.Fatalf("spreadRoutes(%d, %d) = %v: %d out of range or twice", c.n, c.k, got, r)
+			}
+			seen[r], cms[r%c.cms], nss[r%c.nss] = true, true, true
+		}
+		if len(got) != c.k || len(cms) != min(c.k, c.cms) || len(nss) != min(c.k, c.nss) {
+			t.Errorf("spreadRoutes(%d, %d) = %v: %d ConfigMaps of %d, %d namespaces of %d", c.n, c.k, got, len(cms), c.cms, len(nss), c.nss)
+		}
+	}
+}
+
+func TestSelectorRoutesSpreadOverNamespaces(t *testing.T) {
+	l := layout{routes: 1000, cms: 10, nss: 10, selRoutes: selectorRoutes(0.1, 1000)}
+	if l.selRoutes != 100 || !l.selector(0) || !l.selector(99) || l.selector(100) {
+		t.Fatalf("selRoutes %d: want routes 0-99", l.selRoutes)
+	}
+	if got := l.selectorNamespaces(); len(got) != 10 {
+		t.Errorf("selector namespaces %v, want all 10", got)
+	}
+	if rt := route(l, 5); rt.Spec.Discovery.Service != "" || rt.Spec.Discovery.Selector != l.selectorOf(5) {
+		t.Errorf("route 5 discovery %+v, want the selector %s", rt.Spec.Discovery, l.selectorOf(5))
+	}
+	if rt := route(l, 500); rt.Spec.Discovery.Service != l.routeName(500) || rt.Spec.Discovery.Selector != "" {
+		t.Errorf("route 500 discovery %+v, want the Service", rt.Spec.Discovery)
+	}
+	if got := selectorRoutes(1, 7); got != 7 {
+		t.Errorf("selectorRoutes(1, 7) = %d", got)
+	}
+}
