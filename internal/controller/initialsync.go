@@ -105,4 +105,3 @@ func (s *initialSync) wait(ctx context.Context) {
 	case <-ctx.Done():
 	}
 }
-
