@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -38,7 +39,15 @@ validated spec and writes the outputs into the consumers' existing
 ConfigMaps (one key per route; ConfigMaps are never created). Status and
 events on each ModelRoute say what happened. See docs/controller.md.
 
-Exit status: 0 after a clean shutdown (SIGTERM), 1 on failure, 2 usage error.
+A replica that cannot reach the API server at start waits for it (a
+discovery request every 0.5 s, doubling up to 10 s, each failure logged)
+instead of exiting; /healthz answers meanwhile and /readyz is not ready
+until the controller is set up and its caches have synced. With
+--leader-elect, one replica reconciles; the others are warm standbys.
+
+Exit status: 0 after a clean shutdown (SIGTERM, also while waiting for the
+API server), 1 on failure (including a leader that lost its Lease), 2 usage
+error.
 `,
 		Options: o,
 		Log:     true,
@@ -63,6 +72,9 @@ type controllerOptions struct {
 	pprofAddr               string
 	leaderElect             bool
 	leaderElectionNamespace string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
 	namespaces              []string
 	trusted                 []string
 	sockDir                 string
@@ -95,6 +107,29 @@ const (
 	DefaultKubeAPIBurst = 100
 )
 
+// The leader-election timings: controller-runtime's (and kube-controller-
+// manager's) defaults, kept because nothing measured here asks for others.
+//
+//   - DefaultLeaseDuration (15 s) is how long a standby waits for a Lease
+//     that was not renewed before it takes over: the failover time when a
+//     leader dies without releasing it (a crash, a lost node). A rollout or
+//     SIGTERM releases the Lease at once, so this is the unclean case only.
+//     Shorter fails over sooner but lets a slow API server or a GC pause
+//     depose a healthy leader.
+//   - DefaultRenewDeadline (10 s) is how long a leader keeps trying to
+//     renew before it gives up leading (and exits 1 to restart): it rides
+//     out an API server blip that long. It must be below the lease
+//     duration; the 5 s between them is the margin in which the old leader
+//     has stopped writing before a standby may start.
+//   - DefaultRetryPeriod (2 s) is how often the leader renews and a standby
+//     tries to acquire: one Lease request per replica every 2 s. client-go
+//     adds up to 20 % jitter, so it must stay below renew-deadline / 1.2.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
+
 func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint; \"0\" disables it")
@@ -102,6 +137,9 @@ func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "address of Go's /debug/pprof profiles (heap, CPU, goroutines), e.g. 127.0.0.1:6060; \"0\" disables them. Not authenticated: bind it to localhost")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one active replica through the Lease "+LeaderElectionID+" (required with more than one replica)")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease (default: the pod's namespace; required outside a cluster)")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", DefaultLeaseDuration, "how long a standby waits for an unrenewed Lease before it takes over: the failover time when a leader dies without releasing it (SIGTERM releases it at once). Shorter fails over sooner but lets a slow API server depose a healthy leader")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", DefaultRenewDeadline, "how long the leader keeps retrying to renew its Lease before it stops leading and exits 1: the API server outage a leader rides out. Must be below --leader-elect-lease-duration, so the old leader has stopped before a standby takes over")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", DefaultRetryPeriod, "how often the leader renews and a standby tries to acquire the Lease (one request per replica each time). client-go adds up to 20 % jitter: must be below --leader-elect-renew-deadline / 1.2")
 	fs.Var(cli.StringList{Values: &o.namespaces}, "namespace", "watch only this namespace (repeatable, or comma-separated); default: all namespaces. Must include every namespace routes reference (services, output ConfigMaps)")
 	fs.Var(cli.StringList{Values: &o.namespaces}, "watch-namespaces", "same as --namespace (comma-separated), as the Helm chart passes it")
 	fs.Var(cli.StringList{Values: &o.trusted}, "trusted-namespace", "a route namespace whose routes may use Services and ConfigMaps in every namespace without a grant on them (repeatable, or comma-separated): the platform team's central route namespace; routes elsewhere need the referenced object's "+sink.AllowedNamespacesAnnotation+" annotation")
@@ -120,6 +158,14 @@ func (o *controllerOptions) Validate() error {
 	}
 	if o.qps <= 0 || o.burst < 1 {
 		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive and --kube-api-burst at least 1, not %v and %d", o.qps, o.burst))
+	}
+	switch {
+	case o.leaseDuration <= 0 || o.renewDeadline <= 0 || o.retryPeriod <= 0:
+		errs = append(errs, fmt.Errorf("--leader-elect-lease-duration, --leader-elect-renew-deadline and --leader-elect-retry-period must be positive, not %v, %v and %v", o.leaseDuration, o.renewDeadline, o.retryPeriod))
+	case o.renewDeadline >= o.leaseDuration:
+		errs = append(errs, fmt.Errorf("--leader-elect-renew-deadline (%v) must be less than --leader-elect-lease-duration (%v): a leader that cannot renew must stop before a standby takes over", o.renewDeadline, o.leaseDuration))
+	case o.renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(o.retryPeriod)):
+		errs = append(errs, fmt.Errorf("--leader-elect-retry-period (%v) must be less than --leader-elect-renew-deadline (%v) / %v: the leader needs more than one jittered retry to renew", o.retryPeriod, o.renewDeadline, leaderelection.JitterFactor))
 	}
 	if o.memoryLimitRatio < 0 || o.memoryLimitRatio > 1 {
 		errs = append(errs, fmt.Errorf("--memory-limit-ratio must be between 0 and 1, not %v", o.memoryLimitRatio))
@@ -165,24 +211,94 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
-		HealthProbeBindAddress:        o.probeAddr,
-		PprofBindAddress:              o.pprofAddr,
-		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              LeaderElectionID,
-		LeaderElectionNamespace:       o.leaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true, // the standby takes over at once on a rollout
-		Cache:                         controller.CacheOptions(o.namespaces),
-	})
-	if err != nil {
-		return fmt.Errorf("create manager: %w", err)
-	}
 	v, err := schema.Default()
 	if err != nil {
 		return err
 	}
+	// The probes and profiles are served from the start, by us and not the
+	// manager: /healthz while the replica waits for the API server, and a
+	// manager that binds nothing can be replaced when its setup fails.
+	ready := newSetupState("waiting for the API server")
+	stopProbes, err := serve(probeServer(o.probeAddr, ready), "health probes", log)
+	if err != nil {
+		return err
+	}
+	defer stopProbes()
+	stopPprof, err := serve(pprofServer(o.pprofAddr), "pprof", log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
+	log.Info("starting", "version", cli.Version, "kubeAPIQPS", o.qps, "kubeAPIBurst", o.burst, "namespaces", strings.Join(o.namespaces, ","), "trustedNamespaces", strings.Join(o.trusted, ","),
+		"leaderElect", o.leaderElect, "leaseDuration", o.leaseDuration.String(), "renewDeadline", o.renewDeadline.String(), "retryPeriod", o.retryPeriod.String())
+	var mgr ctrl.Manager
+	for {
+		// A replica that cannot reach the API server waits for it instead
+		// of exiting (which a cluster answers with CrashLoopBackOff, up to
+		// 5 minutes away from an API server that is back); SIGTERM ends
+		// the wait with exit 0.
+		ready.set("waiting for the API server")
+		if err := waitForAPIServer(ctx, cfg, log); err != nil {
+			if ctx.Err() != nil {
+				log.Info("shutdown while waiting for the API server")
+				return nil
+			}
+			return err
+		}
+		ready.set("setting up")
+		mgr, err = newManager(ctx, cfg, scheme, o, log)
+		if err != nil {
+			return err
+		}
+		err = setupController(ctx, mgr, o, v, ready)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			log.Info("shutdown while setting up")
+			return nil
+		}
+		// Setting up reads API discovery; when the API server went away
+		// again meanwhile, wait for it and set up a new manager.
+		if apiErr := apiServerReachable(context.Background(), cfg); apiErr == nil {
+			return fmt.Errorf("set up controller: %w", err)
+		}
+		log.Info("API server lost while setting up the controller; waiting for it again", "error", err.Error())
+	}
+	ready.set("waiting for the caches to sync")
+	return mgr.Start(ctx)
+}
+
+// newManager is the controller-runtime manager. It binds no listener (the
+// probes and pprof are ours; /metrics binds in Start), so a new one can
+// replace it.
+func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, o *controllerOptions, log logr.Logger) (ctrl.Manager, error) {
+	lease, renew, retry := o.leaseDuration, o.renewDeadline, o.retryPeriod
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		// Stopping the leader elector on SIGTERM is not an error.
+		Logger:                        logr.New(shutdownSink{LogSink: log.GetSink(), stopping: func() bool { return ctx.Err() != nil }}),
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        "0",
+		PprofBindAddress:              "0",
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true, // the standby takes over at once on a rollout
+		LeaseDuration:                 &lease,
+		RenewDeadline:                 &renew,
+		RetryPeriod:                   &retry,
+		Cache:                         controller.CacheOptions(o.namespaces),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	return mgr, nil
+}
+
+// setupController adds the reconciler, its indexes and watches, and the
+// runnable that marks the replica ready, to mgr.
+func setupController(ctx context.Context, mgr ctrl.Manager, o *controllerOptions, v *schema.Validator, ready *setupState) error {
 	r := &controller.Reconciler{
 		Validator:         v,
 		Recorder:          mgr.GetEventRecorder(controller.Name),
@@ -192,14 +308,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		Routes:            controller.NewRouteState(),
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.maxConcurrent); err != nil {
-		return fmt.Errorf("set up controller: %w", err)
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	log.Info("starting", "version", cli.Version, "kubeAPIQPS", o.qps, "kubeAPIBurst", o.burst, "namespaces", strings.Join(o.namespaces, ","), "trustedNamespaces", strings.Join(o.trusted, ","), "leaderElect", o.leaderElect)
-	return mgr.Start(ctx)
+	return mgr.Add(readyRunnable{ready})
 }
