@@ -97,14 +97,19 @@ const DefaultMaxConcurrentReconciles = 128
 // DefaultKubeAPIQPS and DefaultKubeAPIBurst are the controller's client
 // rate limits, the same in-cluster and with --kubeconfig (client-go's own
 // default, 5 QPS, applied silently to a --kubeconfig run and made a
-// 100-route initial sync take 41 s instead of 6 s). An initial sync writes
-// one status per route plus one patch per changed ConfigMap, and the API
-// server's priority and fairness protects itself: 50 QPS with bursts of
-// 100 syncs 1000 routes' statuses in about 20 s without a client-side
-// queue in steady state (an endpoint change costs a handful of requests).
+// 100-route initial sync take 41 s instead of 6 s). A cold start writes
+// per route a finalizer patch, a status patch and an event, plus the
+// ConfigMap patches: about 3,700 requests for 1000 routes, which at the
+// former 50 QPS took 37 s of client-side queueing (docs/performance.md).
+// The API server's Priority and Fairness is what protects it: it queues
+// and, when a priority level is full, rejects with 429, which client-go
+// retries. The client-side limit stays, well above a cold start's need, as
+// a ceiling on what a runaway loop could send into the priority level the
+// controller shares with every other service account (workload-low); a
+// negative --kube-api-qps removes it and leaves the pacing to the server.
 const (
-	DefaultKubeAPIQPS   = 50
-	DefaultKubeAPIBurst = 100
+	DefaultKubeAPIQPS   = 200
+	DefaultKubeAPIBurst = 400
 )
 
 // The leader-election timings: controller-runtime's (and kube-controller-
@@ -145,8 +150,8 @@ func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(cli.StringList{Values: &o.trusted}, "trusted-namespace", "a route namespace whose routes may use Services and ConfigMaps in every namespace without a grant on them (repeatable, or comma-separated): the platform team's central route namespace; routes elsewhere need the referenced object's "+sink.AllowedNamespacesAnnotation+" annotation")
 	fs.StringVar(&o.sockDir, "sock-dir", compiler.DefaultSockDir, "absolute directory of the per-route unix sockets in the openresty image")
 	fs.IntVar(&o.maxConcurrent, "max-concurrent-reconciles", DefaultMaxConcurrentReconciles, "routes reconciled in parallel")
-	fs.Float32Var(&o.qps, "kube-api-qps", DefaultKubeAPIQPS, "client-side limit of requests per second to the API server (in-cluster and with --kubeconfig alike)")
-	fs.IntVar(&o.burst, "kube-api-burst", DefaultKubeAPIBurst, "client-side burst above --kube-api-qps")
+	fs.Float32Var(&o.qps, "kube-api-qps", DefaultKubeAPIQPS, "client-side limit of requests per second to the API server (in-cluster and with --kubeconfig alike); negative: no client-side limit, the API server's Priority and Fairness alone paces the controller. The default lets a cold start of 1000 routes (about 3,700 requests) through in seconds and still caps a runaway loop")
+	fs.IntVar(&o.burst, "kube-api-burst", DefaultKubeAPIBurst, "client-side burst above --kube-api-qps (ignored when it is negative)")
 	fs.IntVar(&o.gcPercent, "gc-percent", memlimit.DefaultGCPercent, "the Go garbage collector's target heap growth over live data, in percent (GOGC): lower uses less memory and more CPU; 0 keeps Go's default of 100; an explicit GOGC wins")
 	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", memlimit.DefaultRatio, "set the Go soft memory limit (GOMEMLIMIT) to this share of the container's memory limit, read from its cgroup; 0 disables; an explicit GOMEMLIMIT wins")
 }
@@ -156,8 +161,11 @@ func (o *controllerOptions) Validate() error {
 	if !path.IsAbs(o.sockDir) {
 		errs = append(errs, fmt.Errorf("--sock-dir must be an absolute path, not %q", o.sockDir))
 	}
-	if o.qps <= 0 || o.burst < 1 {
-		errs = append(errs, fmt.Errorf("--kube-api-qps must be positive and --kube-api-burst at least 1, not %v and %d", o.qps, o.burst))
+	switch {
+	case o.qps == 0:
+		errs = append(errs, errors.New("--kube-api-qps must not be 0 (client-go would read it as its default of 5): positive for a limit, negative for none"))
+	case o.qps > 0 && o.burst < 1:
+		errs = append(errs, fmt.Errorf("--kube-api-burst must be at least 1 with a positive --kube-api-qps, not %d", o.burst))
 	}
 	switch {
 	case o.leaseDuration <= 0 || o.renewDeadline <= 0 || o.retryPeriod <= 0:
@@ -183,7 +191,8 @@ func (o *controllerOptions) Validate() error {
 
 // restConfig is the API server config (internal/kubeclient) with the
 // flags' rate limits, which replace client-go's default (5 QPS) in-cluster
-// and with a kubeconfig alike.
+// and with a kubeconfig alike; a negative QPS makes client-go build no
+// rate limiter.
 func (o *controllerOptions) restConfig() (*rest.Config, error) {
 	cfg, err := kubeclient.Config(o.kubeconfig, "")
 	if err != nil {
