@@ -219,7 +219,7 @@ func TestDefaultRender(t *testing.T) {
 		t.Errorf("image = %v, want the appVersion tag", c["image"])
 	}
 	args := strs(c["args"])
-	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns, "--kube-api-qps=200", "--kube-api-burst=400", "--leader-elect-lease-duration=15s", "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s"} {
+	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns, "--kube-api-qps=500", "--kube-api-burst=1000", "--leader-elect-lease-duration=15s", "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %v lack %s", args, want)
 		}
