@@ -164,7 +164,7 @@ func serve(srv *http.Server, name string, log logr.Logger) (stop func(), err err
 	}, nil
 }
 
-// LeaderElectionLost is the error controller-runtime's manager reports
+// leaderElectionLost is the error controller-runtime's manager reports
 // when the leader elector stops, which it also does on a clean shutdown
 // (and for a standby that never led).
 const leaderElectionLost = "leader election lost"
