@@ -302,7 +302,7 @@ type controllerFlags struct {
 // (cmd/autoconfig/controller.go): the Lease namespace defaults to the pod's.
 func flagsOf(t *testing.T, d *unstructured.Unstructured) controllerFlags {
 	t.Helper()
-	f := controllerFlags{sockDir: compiler.DefaultSockDir, qps: 50, burst: 100, ns: d.GetNamespace()}
+	f := controllerFlags{sockDir: compiler.DefaultSockDir, qps: 500, burst: 1000, ns: d.GetNamespace()}
 	f.serviceAccount, _, _ = unstructured.NestedString(d.Object, "spec", "template", "spec", "serviceAccountName")
 	args := argsOf(t, d)
 	if len(args) == 0 || args[0] != "controller" {

@@ -219,7 +219,7 @@ func TestDefaultRender(t *testing.T) {
 		t.Errorf("image = %v, want the appVersion tag", c["image"])
 	}
 	args := strs(c["args"])
-	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns, "--kube-api-qps=50", "--kube-api-burst=100"} {
+	for _, want := range []string{"controller", "--leader-elect=true", "--leader-election-namespace=" + ns, "--kube-api-qps=500", "--kube-api-burst=1000", "--leader-elect-lease-duration=15s", "--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args %v lack %s", args, want)
 		}
@@ -279,6 +279,9 @@ func TestValuesSchemaRejectsMistakes(t *testing.T) {
 		{"logLevel=verbose", map[string]any{"logLevel": "verbose"}, "logLevel"},
 		{"unknown top-level key", map[string]any{"replicas": 3}, "replicas"},
 		{"route without spec", map[string]any{"modelRoutes": []any{map[string]any{"name": "qwen"}}}, "spec"},
+		{"leaseDuration=15 (not a duration)", map[string]any{"leaderElection": map[string]any{"leaseDuration": 15}}, "leaseDuration"},
+		{"renewDeadline=10 seconds", map[string]any{"leaderElection": map[string]any{"renewDeadline": "10 seconds"}}, "renewDeadline"},
+		{"kubeAPI.qps=0", map[string]any{"kubeAPI": map[string]any{"qps": 0}}, "qps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(Path(root), "ac", "autoconfig-system", tc.values)
@@ -290,6 +293,21 @@ func TestValuesSchemaRejectsMistakes(t *testing.T) {
 	}
 	if _, err := Render(Path(root), "ac", "autoconfig-system", map[string]any{"watchNamespaces": []any{"llm", "llm-route"}, "replicaCount": 3}); err != nil {
 		t.Errorf("valid values refused: %v", err)
+	}
+	// The Lease timings and the rate limit reach the controller's flags; a
+	// negative qps (no client-side limit) is allowed.
+	rel, err := Render(Path(root), "ac", "autoconfig-system", map[string]any{
+		"leaderElection": map[string]any{"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "2500ms"},
+		"kubeAPI":        map[string]any{"qps": -1},
+	})
+	if err != nil {
+		t.Fatalf("valid values refused: %v", err)
+	}
+	args := strs(container(t, rel.Find("Deployment", "autoconfig-system", "ac-autoconfig"))["args"])
+	for _, want := range []string{"--leader-elect-lease-duration=30s", "--leader-elect-renew-deadline=20s", "--leader-elect-retry-period=2500ms", "--kube-api-qps=-1"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args %v lack %s", args, want)
+		}
 	}
 }
 
