@@ -180,6 +180,7 @@ func (r *Reconciler) runSteps(ctx context.Context, st *state) error {
 // Reconcile implements reconcile.Reconciler: get → finalizer → deferred
 // status patch → steps → report.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	r.initial.begin(ctx)
 	r.initial.wait(ctx)
 	return r.reconcile(ctx, req.NamespacedName, nil)
 }

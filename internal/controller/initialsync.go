@@ -5,9 +5,10 @@ package controller
 // each route has reached its write (or initialSyncHold has passed), so each
 // ConfigMap is written once for all its routes instead of once per few
 // routes (a thousand routes in ten ConfigMaps used to write each of them
-// 40–67 times, and one watcher of them received 90 MB). The workqueue's
-// workers wait for it; afterwards they reconcile every route once more as
-// usual, which finds everything current and writes nothing.
+// 40–67 times, and one watcher of them received 90 MB). It starts with the
+// first Reconcile call (on the leader, once the controller's informers have
+// synced); the workqueue's workers wait for it, then reconcile every route
+// once more as usual, which finds everything current and writes nothing.
 
 import (
 	"context"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -26,36 +26,42 @@ import (
 // client rate limit): after it, each write goes out as it comes.
 const initialSyncHold = 5 * time.Second
 
-// initialSync is the manager runnable (leader only) that reconciles every
-// route once when the controller starts leading.
+// initialSync reconciles every route once when the controller starts
+// leading. It starts with the first Reconcile call: by then the
+// controller's sources (the informers every step reads) have synced.
 type initialSync struct {
-	r     *Reconciler
-	cache cache.Cache
-	// done is closed when the initial sync is over (or was not needed).
+	r *Reconciler
+	// done is closed when the initial sync is over.
 	done chan struct{}
+	once sync.Once
 
 	mu      sync.Mutex
 	waiting int // routes that have not reached their write nor ended
 	release func()
 }
 
-func newInitialSync(r *Reconciler, c cache.Cache) *initialSync {
-	return &initialSync{r: r, cache: c, done: make(chan struct{})}
+func newInitialSync(r *Reconciler) *initialSync {
+	return &initialSync{r: r, done: make(chan struct{})}
 }
 
-// Start implements manager.Runnable.
-func (s *initialSync) Start(ctx context.Context) error {
-	defer close(s.done)
-	if !s.cache.WaitForCacheSync(ctx) {
-		return nil
+// begin starts the initial sync, once, in the background.
+func (s *initialSync) begin(ctx context.Context) {
+	if s == nil {
+		return
 	}
+	s.once.Do(func() { go s.run(ctx) })
+}
+
+// run reconciles every route of the cache at once, the writes held.
+func (s *initialSync) run(ctx context.Context) {
+	defer close(s.done)
 	var l v1alpha1.ModelRouteList
 	if err := s.r.Client.List(ctx, &l); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "initial sync: list routes; the workqueue reconciles them one by one")
-		return nil
+		return
 	}
 	if len(l.Items) == 0 {
-		return nil
+		return
 	}
 	start := time.Now()
 	s.waiting = len(l.Items)
@@ -81,7 +87,6 @@ func (s *initialSync) Start(ctx context.Context) error {
 		s.release()
 	}
 	ctrl.Log.WithName(Name).Info("initial sync done", "routes", len(l.Items), "seconds", time.Since(start).Seconds())
-	return nil
 }
 
 // arrived notes that one route has reached its write (or ended without

@@ -89,10 +89,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := mgr.Add(r.cmChanges); err != nil {
 		return err
 	}
-	r.initial = newInitialSync(r, mgr.GetCache())
-	if err := mgr.Add(r.initial); err != nil {
-		return err
-	}
+	r.initial = newInitialSync(r)
 	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
 	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
