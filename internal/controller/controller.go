@@ -182,7 +182,14 @@ func (r *Reconciler) runSteps(ctx context.Context, st *state) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	r.initial.begin(ctx)
 	r.initial.wait(ctx)
-	return r.reconcile(ctx, req.NamespacedName, nil)
+	res, err := r.reconcile(ctx, req.NamespacedName, nil)
+	if err != nil && ctx.Err() != nil {
+		// Shutting down (or leadership lost): the reconcile was cut off,
+		// not failed; the next leader reconciles every route anyway.
+		ctrl.LoggerFrom(ctx).V(levelDebug).Info("reconcile cut off by shutdown", "err", err.Error())
+		return ctrl.Result{}, nil
+	}
+	return res, err
 }
 
 // reconcile is Reconcile; arrive (when not nil) is called when the route
