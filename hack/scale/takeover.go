@@ -19,7 +19,7 @@ const leaderElectionID = "autoconfig.routing.modelsphere.dev"
 // defaults) for both replicas of a -takeover run; the metrics and probe
 // addresses stay "0" (two processes on one host).
 var takeoverArgs = []string{"--leader-elect=true", "--leader-election-namespace=" + leaseNamespace,
-	"--log-level=info", "--kube-api-qps=50", "--kube-api-burst=100"}
+	"--log-level=info", "--kube-api-qps=500", "--kube-api-burst=1000"}
 
 // takeoverResult is a -takeover run's takeover phase: the leader is
 // killed with SIGKILL (no Lease release), some routes' pods move right
