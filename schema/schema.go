@@ -323,20 +323,6 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 	return r, nil
 }
 
-// humanize rewrites CUE's generic messages (for the few failures that have
-// no error() of their own) into words that say what to do.
-func humanize(msg string) string {
-	switch {
-	case msg == "field is required but not present", strings.HasPrefix(msg, "incomplete value"):
-		return "this field is required; add it"
-	case strings.HasPrefix(msg, "field not allowed"):
-		return "unknown field; remove it or check its spelling against the ModelRoute reference"
-	case strings.Contains(msg, "(mismatched types"):
-		return msg + "; give the type the ModelRoute reference names (quote strings such as values: {x: \"30\"})"
-	}
-	return msg
-}
-
 // yamlErrAt matches the "file:line: " a YAML decoder error starts with.
 var yamlErrAt = regexp.MustCompile(`^(?:.*?:)?(\d+): `)
 
