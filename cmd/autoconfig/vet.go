@@ -28,10 +28,15 @@ func vetCommand() *cli.Command {
 		Long: `
 Validates ModelRoute YAML against the embedded CUE schema: multi-document
 files, directories (every *.yaml / *.yml below them) and stdin (-).
-Each problem is printed as file:line: field.path: message. Routes that are
-valid alone but would write the same ConfigMap key (the same nginx.route in
-one ConfigMap, monitor models Org/M and Org_M, two routes on one CART
-ConfigMap) are reported too, naming the other route's file:line.
+Every problem of a document is printed in one run, as
+file:line:column: field.path: message (the value of a bad value, the key of
+an unknown field or of a struct or list, for a missing field the key of the
+field that should hold it). Routes that are valid alone but would write the
+same ConfigMap key (the same nginx.route in one ConfigMap, monitor models
+Org/M and Org_M, two routes on one CART ConfigMap) are reported too, naming
+the other route's file:line, and so is a monitor.outputConfigMap that is an
+nginx output ConfigMap (bare names resolve with metadata.namespace where the
+document sets it).
 Documents of other kinds (a Deployment, a Kustomization: any object whose
 kind and apiVersion are not the ModelRoute's) are skipped and counted, so a
 GitOps directory or "helm template ... | autoconfig vet -" can be checked;
