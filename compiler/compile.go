@@ -122,6 +122,18 @@ func ResolveRef(route *Route, ref string) string {
 	return routespec.RefKey(ref, route.Namespace)
 }
 
+// KnownConfigMap resolves a ConfigMap reference of the route as
+// ResolveRef does, when the result does not depend on where the route is
+// applied: a ns/name reference, or a bare name of a route that names its
+// namespace. ok is false for a bare name of a route without a namespace (a
+// file not applied yet lands in whichever namespace it is applied to).
+func KnownConfigMap(route *Route, ref string) (cm string, ok bool) {
+	if ref == "" || (route.Namespace == "" && !strings.Contains(ref, "/")) {
+		return "", false
+	}
+	return ResolveRef(route, ref), true
+}
+
 // OwnedKey is one ConfigMap key a route writes.
 type OwnedKey struct {
 	// ConfigMap is "namespace/name".

@@ -131,3 +131,23 @@ func TestReadContentPeersTable(t *testing.T) {
 		}
 	}
 }
+
+// TestKnownConfigMap: a ConfigMap reference resolves offline only when the
+// result does not depend on where the route is applied.
+func TestKnownConfigMap(t *testing.T) {
+	for _, c := range []struct {
+		namespace, ref, want string
+		ok                   bool
+	}{
+		{"llm-route", "openresty-conf", "llm-route/openresty-conf", true},
+		{"llm-route", "other/openresty-conf", "other/openresty-conf", true},
+		{"", "other/openresty-conf", "other/openresty-conf", true},
+		{"", "openresty-conf", "", false},
+		{"llm-route", "", "", false},
+	} {
+		got, ok := KnownConfigMap(&Route{Name: "q", Namespace: c.namespace}, c.ref)
+		if got != c.want || ok != c.ok {
+			t.Errorf("KnownConfigMap(namespace %q, %q) = %q, %v; want %q, %v", c.namespace, c.ref, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package schema_test
 import (
 	"fmt"
 	"os"
+	"path"
 	"runtime"
 	"strings"
 	"sync"
@@ -38,6 +39,26 @@ func BenchmarkValidate(b *testing.B) {
 			for b.Loop() {
 				if _, err := v.Validate(name, src); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkValidateInvalid measures vet's work on invalid routes: every
+// problem of the document found and located.
+func BenchmarkValidateInvalid(b *testing.B) {
+	v := mustValidator(b)
+	for _, name := range []string{"invalid/unknown-spec-field.yaml", "invalid/several/seven-independent.yaml", "invalid/several/peers.yaml", "invalid/several/video.yaml"} {
+		src, err := os.ReadFile("../testdata/routes/" + name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(strings.TrimSuffix(path.Base(name), ".yaml"), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := v.Validate(name, src); err == nil {
+					b.Fatal("invalid route accepted")
 				}
 			}
 		})

@@ -146,6 +146,28 @@ type Document struct {
 	// Err is an *InvalidError for a document that breaks the schema, or a
 	// parse error.
 	Err error
+
+	// v and tree locate the document's fields (Problem); tree is nil when
+	// the input's positions are not known.
+	v    *Validator
+	tree ast.Expr
+}
+
+// Problem is a problem about the field at path (spec.monitor.outputConfigMap)
+// found outside the schema, located as validation locates its problems:
+// the field's value or key, else the nearest enclosing field, else the
+// document's line.
+func (d Document) Problem(path, message string) Problem {
+	p := Problem{File: d.File, Line: d.Line, Path: path, Message: message}
+	if d.v != nil && d.tree != nil {
+		d.v.mu.Lock()
+		pos := d.v.position(d.tree, strings.Split(path, "."))
+		d.v.mu.Unlock()
+		if pos.IsValid() {
+			p.Line, p.Column = pos.Line(), pos.Column()
+		}
+	}
+	return p
 }
 
 // ValidateStream validates every YAML document of src. A YAML syntax error
@@ -195,7 +217,7 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 		// file it compiles for good (yaml.Extract + BuildFile retains ~20 KB
 		// per document); BuildExpr on the extracted expression stays flat.
 		r, err := v.check(filename, expr.Pos(), expr, true)
-		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err})
+		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err, v: v, tree: expr})
 	}
 	return docs
 }
@@ -321,20 +343,6 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 	r.ObjectMeta = *in.ObjectMeta.DeepCopy()
 	r.Status = in.Status
 	return r, nil
-}
-
-// humanize rewrites CUE's generic messages (for the few failures that have
-// no error() of their own) into words that say what to do.
-func humanize(msg string) string {
-	switch {
-	case msg == "field is required but not present", strings.HasPrefix(msg, "incomplete value"):
-		return "this field is required; add it"
-	case strings.HasPrefix(msg, "field not allowed"):
-		return "unknown field; remove it or check its spelling against the ModelRoute reference"
-	case strings.Contains(msg, "(mismatched types"):
-		return msg + "; give the type the ModelRoute reference names (quote strings such as values: {x: \"30\"})"
-	}
-	return msg
 }
 
 // yamlErrAt matches the "file:line: " a YAML decoder error starts with.

@@ -149,7 +149,14 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 	if err != nil {
 		return nil, err
 	}
-	route, err := v.Validate(name, src)
+	docs := v.ValidateStream(name, src)
+	if len(docs) != 1 {
+		return nil, fmt.Errorf("%s: want exactly one ModelRoute document, found %d", name, len(docs))
+	}
+	route, err := docs[0].Route, docs[0].Err
+	if err == nil && route == nil {
+		return nil, fmt.Errorf("%s: %s is not a ModelRoute", name, docs[0].OtherKind)
+	}
 	if err != nil {
 		var inv *schema.InvalidError
 		if errors.As(err, &inv) {
@@ -159,6 +166,13 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 			return nil, cli.ExitCode(1)
 		}
 		return nil, err
+	}
+	// The monitor file would go into the nginx ConfigMap's directory,
+	// where nginx loads it as configuration: refused as by vet and the
+	// controller.
+	if p, clash := ownMonitorInNginx(docs[0]); clash {
+		fmt.Fprintln(stderr, p.String())
+		return nil, cli.ExitCode(1)
 	}
 	snapSrc, _, err := readInput(o.endpoints, stdin)
 	if err != nil {

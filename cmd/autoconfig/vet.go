@@ -28,10 +28,15 @@ func vetCommand() *cli.Command {
 		Long: `
 Validates ModelRoute YAML against the embedded CUE schema: multi-document
 files, directories (every *.yaml / *.yml below them) and stdin (-).
-Each problem is printed as file:line: field.path: message. Routes that are
-valid alone but would write the same ConfigMap key (the same nginx.route in
-one ConfigMap, monitor models Org/M and Org_M, two routes on one CART
-ConfigMap) are reported too, naming the other route's file:line.
+Every problem of a document is printed in one run, as
+file:line:column: field.path: message (the value of a bad value, the key of
+an unknown field or of a struct or list, for a missing field the key of the
+field that should hold it). Routes that are valid alone but would write the
+same ConfigMap key (the same nginx.route in one ConfigMap, monitor models
+Org/M and Org_M, two routes on one CART ConfigMap) are reported too, naming
+the other route's file:line, and so is a monitor.outputConfigMap that is an
+nginx output ConfigMap (bare names resolve with metadata.namespace where the
+document sets it).
 Documents of other kinds (a Deployment, a Kustomization: any object whose
 kind and apiVersion are not the ModelRoute's) are skipped and counted, so a
 GitOps directory or "helm template ... | autoconfig vet -" can be checked;
@@ -156,8 +161,9 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 		}
 	}
 	// Routes that are valid alone may still write one ConfigMap key
-	// together: in a cluster they would overwrite each other.
-	for _, c := range keyConflicts(routes) {
+	// together: in a cluster they would overwrite each other. A monitor
+	// file must not go into an nginx output ConfigMap either.
+	for _, c := range append(monitorInNginx(routes), keyConflicts(routes)...) {
 		r := &results[c.result]
 		if r.Valid {
 			r.Valid = false
@@ -231,6 +237,70 @@ func keyConflicts(routes []vetRoute) []keyConflict {
 		}
 	}
 	return out
+}
+
+// monitorInNginx finds routes whose monitor ConfigMap is an nginx output
+// ConfigMap, their own or another route's: openresty includes every *.conf
+// key there, so the monitor file would be loaded as nginx configuration.
+// The schema catches the same text in one route; here bare names resolve
+// with metadata.namespace, as the controller resolves them in the cluster.
+// A bare name of a route without a namespace is not compared: where it
+// lands depends on where the route is applied.
+func monitorInNginx(routes []vetRoute) []keyConflict {
+	type user struct {
+		id, file string
+		line     int
+	}
+	nginx := map[string]user{}
+	for _, vr := range routes {
+		mr := vr.doc.Route
+		route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
+		if cm, ok := compiler.KnownConfigMap(route, mr.Spec.Nginx.OutputConfigMap); ok {
+			if _, seen := nginx[cm]; !seen {
+				nginx[cm] = user{routespec.RefKey(mr.Name, mr.Namespace), vr.doc.File, vr.doc.Line}
+			}
+		}
+	}
+	var out []keyConflict
+	for _, vr := range routes {
+		if p, ok := ownMonitorInNginx(vr.doc); ok {
+			out = append(out, keyConflict{result: vr.result, problem: p})
+			continue
+		}
+		mr := vr.doc.Route
+		route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
+		if mr.Spec.Monitor == nil {
+			continue
+		}
+		cm, ok := compiler.KnownConfigMap(route, mr.Spec.Monitor.OutputConfigMap)
+		u, clash := nginx[cm]
+		if !ok || !clash {
+			continue
+		}
+		out = append(out, keyConflict{result: vr.result, problem: vr.doc.Problem("spec.monitor.outputConfigMap", fmt.Sprintf(
+			"monitor.outputConfigMap is ConfigMap %s, the nginx outputConfigMap of route %s (%s:%d): openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap",
+			cm, u.id, u.file, u.line))})
+	}
+	return out
+}
+
+// ownMonitorInNginx reports a route whose monitor ConfigMap is its own
+// nginx output ConfigMap once bare names resolve with metadata.namespace
+// (`autoconfig vet` and `autoconfig compile` refuse it, as the controller
+// does in the cluster).
+func ownMonitorInNginx(doc schema.Document) (schema.Problem, bool) {
+	mr := doc.Route
+	if mr == nil || mr.Spec.Monitor == nil {
+		return schema.Problem{}, false
+	}
+	route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
+	mon, ok := compiler.KnownConfigMap(route, mr.Spec.Monitor.OutputConfigMap)
+	if nginx, known := compiler.KnownConfigMap(route, mr.Spec.Nginx.OutputConfigMap); !ok || !known || mon != nginx {
+		return schema.Problem{}, false
+	}
+	return doc.Problem("spec.monitor.outputConfigMap", fmt.Sprintf(
+		"monitor.outputConfigMap is the nginx outputConfigMap (in the route's namespace %s both are ConfigMap %s): openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap",
+		mr.Namespace, mon)), true
 }
 
 // conflictAdvice says what to change, by the field that names the key.

@@ -45,7 +45,7 @@ var knownGaps = map[string]string{
 
 // corpusDirs are the route files every judge must agree on.
 var corpusDirs = []string{
-	"testdata/routes/valid", "testdata/routes/invalid", "deploy/samples",
+	"testdata/routes/valid", "testdata/routes/invalid", "testdata/routes/invalid/several", "deploy/samples",
 	// CRD-specific edges: bounds the generator adds, root-level rules,
 	// parser differences between CUE and kubectl.
 	"internal/crdgen/testdata/routes/valid", "internal/crdgen/testdata/routes/invalid",

@@ -32,6 +32,11 @@ func Reference() ([]byte, error) {
 	fmt.Fprintf(&b, "`%s/%s`, kind `%s` (short name `mr`). Defaults are applied by the controller\n", res.CRD.Spec.Group, v.Name, res.CRD.Spec.Names.Kind)
 	b.WriteString("from the CUE schema (they are not stored in the object); `autoconfig vet` and\n")
 	b.WriteString("`cue vet -c ./schema/ route.yaml -d '#ModelRoute'` show what a route defaults to.\n\n")
+	b.WriteString("Both report every problem of a route in one run. `autoconfig vet` prints each as\n")
+	b.WriteString("`file:line:column: field.path: message`, at the field's value (a bad value) or key (an unknown\n")
+	b.WriteString("field, a rule on a whole struct or list), or for a missing field at the key of the field that\n")
+	b.WriteString("should hold it. `cue vet` prints the same messages; a rule that spans fields appears under the\n")
+	b.WriteString("hidden field that records it (`_rule.spec.nginx.route: …`, `_whole.spec.discovery: …`).\n\n")
 	b.WriteString("| field | type | required | meaning |\n|---|---|---|---|\n")
 	walkRef(&b, "spec", spec, true)
 	return []byte(b.String()), nil

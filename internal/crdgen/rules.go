@@ -48,6 +48,7 @@ const (
 	msgMonitorInNginx = "monitor.outputConfigMap is the nginx outputConfigMap: openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap"
 	msgValuesBytes    = "values add up to more than 16384 bytes (keys and values; the route file shares a 1 MiB ConfigMap with other routes); shorten them"
 	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
+	msgVideoKey       = " is not a video option; video routes accept max_body_size, proxy_timeout, connect_timeout, rate_limit, rate_limit_after, upload_conn_limit, upload_req_limit, upload_req_burst, api_keys, auth_public_paths, upload_limit_key; remove it or set modelType: llm"
 	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1024m (from 64k to 16384m, no g unit: nginx's lua_shared_dict refuses it; it sizes the route's lua shared dict)"
 )
 
@@ -56,6 +57,7 @@ var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
 	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx, msgValuesBytes,
+	msgVideoKey,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
@@ -130,29 +132,21 @@ func useOnce() []apiextv1.ValidationRule {
 }
 
 // videoRules walks #VideoValues: every field's format becomes a rule on
-// spec (it depends on modelType), and its closing key pattern the list of
-// accepted keys.
+// spec (it depends on modelType), and its fields the list of accepted keys
+// (#ModelRoute reports any other key, with msgVideoKey).
 func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
 	vv := w.root.LookupPath(cue.ParsePath("#VideoValues"))
 	if err := vv.Err(); err != nil {
 		return nil, fmt.Errorf("#VideoValues: %w", err)
 	}
 	var out []apiextv1.ValidationRule
-	it, err := vv.Fields(cue.Optional(true), cue.Patterns(true))
+	it, err := vv.Fields(cue.Optional(true))
 	if err != nil {
 		return nil, fmt.Errorf("#VideoValues: %w", err)
 	}
 	var keys []string
-	var closing *string
 	for it.Next() {
 		sel := it.Selector()
-		if sel.ConstraintType() == cue.PatternConstraint {
-			// [K=!~"^(a|b|…)$"]: error(…) closes the key set; the
-			// keys themselves are the struct's fields (checked below).
-			msg, _ := keyMessage(it.Value())
-			closing = &msg
-			continue
-		}
 		if sel.LabelType() != cue.StringLabel {
 			continue
 		}
@@ -171,8 +165,8 @@ func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
 			isVideo, celString(key), celString(s.patterns[0])), s.messages[0], ".nginx.values"))
 	}
 	sort.Strings(keys)
-	if closing == nil {
-		return nil, fmt.Errorf("#VideoValues is not closed by a [K=!~…]: error(…) key rule")
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("#VideoValues has no fields")
 	}
 	// Every key is a video key ⇔ the map has as many keys as the video
 	// keys it contains: constant-size iteration, so the CEL cost estimate
@@ -183,7 +177,7 @@ func (w *walker) videoRules() ([]apiextv1.ValidationRule, error) {
 		quoted[i] = celString(k)
 	}
 	r := rule(fmt.Sprintf(`!%s || !has(self.nginx.values) || size(self.nginx.values) == [%s].filter(k, k in self.nginx.values).size()`,
-		isVideo, strings.Join(quoted, ", ")), *closing, ".nginx.values")
+		isVideo, strings.Join(quoted, ", ")), "a key"+msgVideoKey, ".nginx.values")
 	// No messageExpression naming the key: iterating the map's keys in it
 	// is over the CEL cost budget (1.4x with a list, 1.8x with a map
 	// literal), so the message says "a key".

@@ -2,6 +2,7 @@ package crdgen
 
 import (
 	"fmt"
+	"regexp"
 	"regexp/syntax"
 	"sort"
 	"strconv"
@@ -197,12 +198,23 @@ func (w *walker) object(v cue.Value, path string) (apiextv1.JSONSchemaProps, err
 	if err != nil {
 		return props, fmt.Errorf("%s: %w", path, err)
 	}
+	var keyRules []keyRule
 	for it.Next() {
 		sel := it.Selector()
 		fv := it.Value()
 		if sel.ConstraintType() == cue.PatternConstraint {
-			if err := w.pattern(&props, sel, fv, path); err != nil {
+			kr, values, err := w.pattern(sel, fv, path)
+			if err != nil {
 				return props, err
+			}
+			if kr != nil {
+				keyRules = append(keyRules, *kr)
+			}
+			if values != nil {
+				if props.AdditionalProperties != nil {
+					return props, fmt.Errorf("%s: more than one [string]: T pattern constrains values", path)
+				}
+				props.AdditionalProperties = &apiextv1.JSONSchemaPropsOrBool{Allows: true, Schema: values}
 			}
 			continue
 		}
@@ -230,6 +242,21 @@ func (w *walker) object(v cue.Value, path string) (apiextv1.JSONSchemaProps, err
 		}
 	}
 	sort.Strings(props.Required)
+	for _, kr := range keyRules {
+		if len(props.Properties) == 0 {
+			// A map: the key rule is a CEL rule on it.
+			props.XValidations = append(props.XValidations, kr.rule)
+			continue
+		}
+		// A struct of fields: the rule rejects the keys it does not
+		// declare (CUE reports an unknown field there), as the
+		// structural schema does already; every field must pass it.
+		for name := range props.Properties {
+			if !kr.re.MatchString(name) {
+				return props, fmt.Errorf("%s: field %s fails the key rule %s", path, name, kr.re)
+			}
+		}
+	}
 	// An open struct with neither fields nor patterns ({...}) keeps
 	// whatever it is given.
 	if props.Properties == nil && props.AdditionalProperties == nil && v.Allows(cue.AnyString) {
@@ -239,36 +266,49 @@ func (w *walker) object(v cue.Value, path string) (apiextv1.JSONSchemaProps, err
 	return props, nil
 }
 
-// pattern handles `[string]: T` (a map) and `[K=!~re]: error(…)` (a key
-// rule, rendered as CEL on the map).
-func (w *walker) pattern(props *apiextv1.JSONSchemaProps, sel cue.Selector, fv cue.Value, path string) error {
+// keyRule is a `[K=!~re]: error(…)` rule: the keys must match re.
+type keyRule struct {
+	re   *regexp.Regexp
+	rule apiextv1.ValidationRule
+}
+
+// pattern handles `[K=!~re]: error(…)`, a key rule, and `[string]: T`,
+// the schema of a map's values; a pattern of any string constraint
+// (`[=~re]: T`) counts as `[string]: T`, and one whose values are
+// unconstrained (`[=~re]: _`) adds nothing.
+func (w *walker) pattern(sel cue.Selector, fv cue.Value, path string) (*keyRule, *apiextv1.JSONSchemaProps, error) {
 	pat := sel.Pattern()
 	if fv.Err() != nil {
 		op, args := pat.Expr()
 		if op != cue.NotRegexMatchOp {
-			return fmt.Errorf("%s: only [!~re]: error(…) key rules are supported, got [%v]", path, pat)
+			return nil, nil, fmt.Errorf("%s: only [!~re]: error(…) key rules are supported, got [%v]", path, pat)
 		}
 		re, err := args[0].String()
 		if err != nil {
-			return fmt.Errorf("%s: key pattern: %w", path, err)
+			return nil, nil, fmt.Errorf("%s: key pattern: %w", path, err)
+		}
+		cre, err := regexp.Compile(re)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: key pattern: %w", path, err)
 		}
 		msg, expr := keyMessage(fv)
-		props.XValidations = append(props.XValidations, apiextv1.ValidationRule{
+		return &keyRule{re: cre, rule: apiextv1.ValidationRule{
 			Rule:              fmt.Sprintf("self.all(k, k.matches(%s))", celString(re)),
 			Message:           msg,
 			MessageExpression: expr(fmt.Sprintf("self.filter(k, !k.matches(%s))[0]", celString(re))),
-		})
-		return nil
+		}}, nil, nil
 	}
 	if pat.IncompleteKind() != cue.StringKind || pat.IsConcrete() {
-		return fmt.Errorf("%s: only [string]: T maps are supported, got [%v]", path, pat)
+		return nil, nil, fmt.Errorf("%s: only [string]: T maps are supported, got [%v]", path, pat)
+	}
+	if fv.IncompleteKind() == cue.TopKind {
+		return nil, nil, nil
 	}
 	child, err := w.value(fv, path+"[*]")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	props.AdditionalProperties = &apiextv1.JSONSchemaPropsOrBool{Allows: true, Schema: &child}
-	return nil
+	return nil, &child, nil
 }
 
 // keyMessage returns the error() text of a key rule with the key label
