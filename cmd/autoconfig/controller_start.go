@@ -171,16 +171,23 @@ const leaderElectionLost = "leader election lost"
 
 // shutdownSink is the manager's log sink: once the replica is shutting
 // down (stopping reports true), the manager's "leader election lost" from
-// stopping its leader elector is an info line, not an error. Losing the
-// lease while running still ends Start with that error (exit 1).
+// stopping its leader elector is an info line, not an error, and so is a
+// request the shutdown cut off (context canceled: an event being sent).
+// Losing the lease while running still ends Start with that error (exit 1).
 type shutdownSink struct {
 	logr.LogSink
 	stopping func() bool
 }
 
 func (s shutdownSink) Error(err error, msg string, kv ...any) {
-	if err != nil && err.Error() == leaderElectionLost && s.stopping() {
+	switch {
+	case err != nil && err.Error() == leaderElectionLost && s.stopping():
 		s.LogSink.Info(0, "left leader election on shutdown", kv...)
+		return
+	case errors.Is(err, context.Canceled) && s.stopping():
+		// A request cut off by the shutdown (an event being sent, a
+		// write in flight): not a failure.
+		s.LogSink.Info(0, msg+" (cut off by shutdown)", append(kv, "err", err.Error())...)
 		return
 	}
 	s.LogSink.Error(err, msg, kv...)
