@@ -51,8 +51,11 @@ func TestUnknownFieldPatternsListTheFields(t *testing.T) {
 			sel := it.Selector()
 			switch {
 			case sel.ConstraintType() == cue.PatternConstraint:
+				if it.Value().Err() == nil {
+					continue
+				}
 				op, args := sel.Pattern().Expr()
-				if op != cue.NotRegexMatchOp || it.Value().Err() == nil {
+				if op != cue.NotRegexMatchOp {
 					continue
 				}
 				re, _ := args[0].String()
@@ -82,8 +85,9 @@ func TestUnknownFieldPatternsListTheFields(t *testing.T) {
 }
 
 // TestVideoKeyListsFollowVideoValues: _videoKeys (the keys a video route
-// accepts) are the fields of #VideoValues, and _ownForm (the keys whose
-// rule comes from #Spec) those and shared_dict_size.
+// accepts) are the fields of #VideoValues; the keys #Nginx leaves to #Spec
+// (a form of their own) are those and shared_dict_size; and an LLM route
+// takes each video key as a plain value.
 func TestVideoKeyListsFollowVideoValues(t *testing.T) {
 	src, err := schema.FS.ReadFile(schema.SchemaFile)
 	if err != nil {
@@ -104,25 +108,65 @@ func TestVideoKeyListsFollowVideoValues(t *testing.T) {
 			strs[name], _ = literal.Unquote(lit.Value)
 		}
 	}
-	vv := cuecontext.New().CompileBytes(src).LookupPath(cue.ParsePath("#VideoValues"))
-	it, err := vv.Fields(cue.Optional(true))
-	if err != nil {
-		t.Fatal(err)
+	root := cuecontext.New().CompileBytes(src)
+	fieldsOf := func(v cue.Value) []string {
+		it, err := v.Fields(cue.Optional(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for it.Next() {
+			out = append(out, it.Selector().Unquoted())
+		}
+		sort.Strings(out)
+		return out
 	}
-	var keys []string
-	for it.Next() {
-		keys = append(keys, it.Selector().Unquoted())
-	}
-	sort.Strings(keys)
+	keys := fieldsOf(root.LookupPath(cue.ParsePath("#VideoValues")))
 	if got := altsOf(t, strs["_videoKeys"]); !slices.Equal(got, keys) {
 		t.Errorf("_videoKeys lists %v; #VideoValues has %v", got, keys)
-	}
-	own := append(slices.Clone(keys), "shared_dict_size")
-	sort.Strings(own)
-	if got := altsOf(t, strs["_ownForm"]); !slices.Equal(got, own) {
-		t.Errorf("_ownForm lists %v; want %v", got, own)
 	}
 	if !regexp.MustCompile(strs["_videoKeys"]).MatchString("rate_limit") {
 		t.Error("_videoKeys does not match rate_limit")
 	}
+	own := append(slices.Clone(keys), "shared_dict_size")
+	sort.Strings(own)
+	// #Nginx: [=~keyRE & !="a" & !="b" …]: #Value.
+	it, err := root.LookupPath(cue.MakePath(cue.Def("#Nginx"), cue.Str("values").Optional())).Fields(cue.Optional(true), cue.Patterns(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var excluded []string
+	for it.Next() {
+		if it.Selector().ConstraintType() != cue.PatternConstraint {
+			continue
+		}
+		if it.Value().Err() == nil {
+			excluded = append(excluded, notEqualNamesIn(it.Selector().Pattern())...)
+		}
+	}
+	sort.Strings(excluded)
+	if !slices.Equal(excluded, own) {
+		t.Errorf("#Nginx.values leaves %v to #Spec; want %v", excluded, own)
+	}
+	// An LLM route (the default model type) takes the video keys.
+	llm := fieldsOf(root.LookupPath(cue.ParsePath("#Spec.nginx.values")))
+	if !slices.Equal(llm, own) {
+		t.Errorf("#Spec (llm) declares values %v; want %v", llm, own)
+	}
+}
+
+// notEqualNamesIn returns the != strings of a conjunction (=~re & !="a" …).
+func notEqualNamesIn(v cue.Value) []string {
+	switch op, args := v.Expr(); op {
+	case cue.AndOp:
+		var out []string
+		for _, a := range args {
+			out = append(out, notEqualNamesIn(a)...)
+		}
+		return out
+	case cue.NotEqualOp:
+		s, _ := args[0].String()
+		return []string{s}
+	}
+	return nil
 }

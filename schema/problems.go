@@ -36,17 +36,38 @@ func (v *Validator) check(filename string, docPos token.Pos, expr ast.Expr, loca
 	u := v.ctx.BuildExpr(expr).Unify(v.def)
 	err := u.Validate(cue.Concrete(true), cue.Final())
 	if err == nil {
-		var r v1alpha1.ModelRoute
-		if err := u.Decode(&r); err != nil {
+		r, err := decode(u)
+		if err != nil {
 			return nil, fmt.Errorf("%s:%d: decode route: %w", filename, docPos.Line(), err)
 		}
-		return &r, nil
+		return r, nil
 	}
 	var tree ast.Expr
 	if located {
 		tree = expr
 	}
 	return nil, &InvalidError{Problems: v.problems(u, filename, docPos, expr, tree, err)}
+}
+
+// decode decodes a valid route part by part: decoding the whole value
+// would first order the fields of its root, which holds every rule of the
+// schema.
+func decode(u cue.Value) (*v1alpha1.ModelRoute, error) {
+	var r v1alpha1.ModelRoute
+	parts := []struct {
+		name string
+		dst  any
+	}{{"apiVersion", &r.APIVersion}, {"kind", &r.Kind}, {"metadata", &r.ObjectMeta}, {"spec", &r.Spec}, {"status", &r.Status}}
+	for _, p := range parts {
+		x := u.LookupPath(cue.MakePath(cue.Str(p.name)))
+		if !x.Exists() {
+			continue
+		}
+		if err := x.Decode(p.dst); err != nil {
+			return nil, err
+		}
+	}
+	return &r, nil
 }
 
 // lineOnly is the position of a line of a file whose syntax tree does not

@@ -72,7 +72,8 @@ func Generate() (*Result, error) {
 		"spec.nginx.peers": true,
 	}}
 	mr := root.LookupPath(cue.ParsePath("#ModelRoute"))
-	// mr.Err() reports the incomplete _named helper; existence is enough.
+	// mr.Err() may report the definition's incomplete values (it has no
+	// data yet); existence is enough.
 	if !mr.Exists() {
 		return nil, fmt.Errorf("schema has no #ModelRoute")
 	}
