@@ -18,16 +18,7 @@ import (
 // client-go's silent default of 5 QPS in place; the flags' limits apply to
 // every way of finding the API server.
 func TestRateLimitsApplyWithKubeconfig(t *testing.T) {
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := writeTestKubeconfig(t)
 	for _, c := range []struct {
 		args  []string
 		qps   float32
