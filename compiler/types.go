@@ -36,6 +36,9 @@ type Snapshot struct {
 	CartPods []Endpoint `json:"cartPods,omitempty"`
 	// NginxPods are the nginx entry pods (monitor nginx: lines).
 	NginxPods []Endpoint `json:"nginxPods,omitempty"`
+	// CanaryBackends are the canary version's backend endpoints
+	// (spec.canary.discovery); they feed the canary's backend tier.
+	CanaryBackends []Endpoint `json:"canaryBackends,omitempty"`
 }
 
 // Output is one ConfigMap key this route owns.

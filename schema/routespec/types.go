@@ -35,6 +35,52 @@ type Spec struct {
 	// FailureMode is FailOpen, FailClose or empty (the listed tiers only,
 	// rendered as before the field existed).
 	FailureMode string `json:"failureMode,omitempty"`
+	// Canary, when set, splits the route between two model versions: the
+	// stable one (spec.discovery) and the canary (spec.canary.discovery).
+	// Absent = one version, rendered as before the field existed.
+	Canary *Canary `json:"canary,omitempty"`
+	// Split holds the keys that choose a request's version; only with
+	// spec.canary.
+	Split *Split `json:"split,omitempty"`
+}
+
+// Version names of a canary route, as the override header carries them
+// and the X-Model-Version response header names them.
+const (
+	VersionStable = "stable"
+	VersionCanary = "canary"
+)
+
+// Split defaults.
+const (
+	DefaultStickyHeader   = "x-session-id"
+	DefaultOverrideHeader = "x-model-version"
+	DefaultStickyCookie   = "autoconfig-session"
+)
+
+// Canary is the second model version of a route.
+type Canary struct {
+	// Discovery finds the canary's backends, as spec.discovery does the
+	// stable version's.
+	Discovery Discovery `json:"discovery"`
+	// Weight is the percent (0–100) of sessions, and of requests without
+	// a session key, that the canary serves.
+	Weight int32 `json:"weight"`
+}
+
+// Split says how a request's version is chosen: the override header, else
+// the sticky header's (or the sticky cookie's) session key, else a
+// weighted draw.
+type Split struct {
+	// StickyHeader carries the session key (default x-session-id).
+	StickyHeader string `json:"stickyHeader,omitempty"`
+	// OverrideHeader names the version to serve, stable or canary
+	// (default x-model-version).
+	OverrideHeader string `json:"overrideHeader,omitempty"`
+	// StickyCookie is the cookie the route sets on a response to a
+	// request without the sticky header, and reads when the header is
+	// absent (default autoconfig-session).
+	StickyCookie string `json:"stickyCookie,omitempty"`
 }
 
 // Discovery finds a set of endpoints: EndpointSlices of a Service or pods
