@@ -74,6 +74,10 @@ const (
 	// ReasonTierSkipped (condition Degraded): a spec.nginx.peers entry
 	// renders no tier (e.g. the CART Service is missing or headless).
 	ReasonTierSkipped = "TierSkipped"
+	// ReasonCanaryNoBackends (condition Degraded): spec.canary is set but
+	// its discovery finds no endpoints, so every request falls through to
+	// the stable version.
+	ReasonCanaryNoBackends = "CanaryNoBackends"
 )
 
 // problem is one thing that keeps a route from Ready. waiting: the cluster
@@ -138,13 +142,22 @@ func report(st *state) {
 	}
 }
 
-// markDegraded sets or clears Degraded from the compiled tiers.
-func markDegraded(route *v1alpha1.ModelRoute, skipped []string) {
+// markDegraded sets or clears Degraded from the compiled tiers and the
+// canary's state (canary: why the canary serves nothing, "" when it does
+// or the route has none). Skipped tiers name the reason when both hold.
+func markDegraded(route *v1alpha1.ModelRoute, skipped []string, canary string) {
+	reason := ReasonTierSkipped
+	if len(skipped) == 0 {
+		reason = ReasonCanaryNoBackends
+	}
+	if canary != "" {
+		skipped = append(skipped, canary)
+	}
 	if len(skipped) == 0 {
 		meta.RemoveStatusCondition(&route.Status.Conditions, TypeDegraded)
 		return
 	}
-	setCondition(route, TypeDegraded, metav1.ConditionTrue, ReasonTierSkipped, strings.Join(skipped, "; "))
+	setCondition(route, TypeDegraded, metav1.ConditionTrue, reason, strings.Join(skipped, "; "))
 }
 
 func setCondition(route *v1alpha1.ModelRoute, typ string, status metav1.ConditionStatus, reason, msg string) {

@@ -105,6 +105,9 @@ func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, e
 		refs = append(refs, struct{ ref, field string }{c.Service, "spec.cart.service"})
 	}
 	refs = append(refs, struct{ ref, field string }{st.spec.Spec.Nginx.Service, "spec.nginx.service"})
+	if c := st.spec.Spec.Canary; c != nil {
+		refs = append(refs, struct{ ref, field string }{c.Discovery.Service, "spec.canary.discovery.service"})
+	}
 	ok := true
 	for _, x := range refs {
 		if x.ref == "" {
@@ -219,7 +222,7 @@ func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (bool, err
 	for i, sk := range res.Skipped {
 		skipped[i] = sk.String() + r.skipDetail(ctx, st, sk)
 	}
-	markDegraded(st.route, skipped)
+	markDegraded(st.route, skipped, canaryDegraded(st))
 	st.noRender = false
 	return false, nil
 }
@@ -271,6 +274,22 @@ func (r *Reconciler) skipDetail(ctx context.Context, st *state, sk compiler.Skip
 // compilerRoute is the compiler's view of a route.
 func compilerRoute(route *v1alpha1.ModelRoute) *compiler.Route {
 	return &compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}
+}
+
+// canaryDegraded says why the route's canary serves nothing ("" when it
+// has backends or the route has no canary): every request then falls
+// through to the stable version.
+func canaryDegraded(st *state) string {
+	c := st.spec.Spec.Canary
+	if c == nil || len(st.snap.CanaryBackends) > 0 {
+		return ""
+	}
+	src := fmt.Sprintf("pods %q in %s", c.Discovery.Selector, st.route.Namespace)
+	if c.Discovery.Service != "" {
+		src = "Service " + routespec.RefKey(c.Discovery.Service, st.route.Namespace)
+	}
+	return fmt.Sprintf("spec.canary: no %s canary backends found for %s: every request is served by the stable version (weight %d%% falls through) until the canary has endpoints",
+		readyWord(c.Discovery), src, c.Weight)
 }
 
 func readyWord(d v1alpha1.Discovery) string {

@@ -42,6 +42,9 @@ func RouteServices(r *v1alpha1.ModelRoute) []string {
 	if r.Spec.Cart != nil {
 		refs = append(refs, r.Spec.Cart.Service)
 	}
+	if r.Spec.Canary != nil {
+		refs = append(refs, r.Spec.Canary.Discovery.Service)
+	}
 	return uniqueKeys(r.Namespace, append(refs, r.Spec.Nginx.Service)...)
 }
 
@@ -74,7 +77,7 @@ func uniqueKeys(ns string, refs ...string) []string {
 }
 
 // RouteSelectors returns the route's pod label selectors (discovery, cart,
-// nginx entry). Selector pods are listed in the route's namespace.
+// nginx entry, canary). Selector pods are listed in the route's namespace.
 func RouteSelectors(r *v1alpha1.ModelRoute) []string {
 	var out []string
 	if s := r.Spec.Discovery.Selector; s != "" && r.Spec.Discovery.Service == "" {
@@ -85,6 +88,9 @@ func RouteSelectors(r *v1alpha1.ModelRoute) []string {
 	}
 	if s := r.Spec.Nginx.Selector; s != "" && r.Spec.Nginx.Service == "" {
 		out = append(out, s)
+	}
+	if c := r.Spec.Canary; c != nil && c.Discovery.Selector != "" && c.Discovery.Service == "" && !slices.Contains(out, c.Discovery.Selector) {
+		out = append(out, c.Discovery.Selector)
 	}
 	return out
 }

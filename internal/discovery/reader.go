@@ -41,6 +41,14 @@ func (r *Reader) Snapshot(ctx context.Context, route *v1alpha1.ModelRoute) (comp
 	if err := r.fillGPU(ctx, snap.Backends); err != nil {
 		return snap, err
 	}
+	if c := route.Spec.Canary; c != nil {
+		if snap.CanaryBackends, _, err = r.endpoints(ctx, route.Namespace, c.Discovery, "spec.canary.discovery.port"); err != nil {
+			return snap, err
+		}
+		if err := r.fillGPU(ctx, snap.CanaryBackends); err != nil {
+			return snap, err
+		}
+	}
 	if c := route.Spec.Cart; c != nil {
 		snap.CartPods, snap.CartService, err = r.endpoints(ctx, route.Namespace, c.Discovery, "spec.cart.port")
 		if err != nil {
