@@ -47,6 +47,8 @@ type appliedEnv struct {
 	backends   func(ips ...string)
 	consumers  func(pods ...string)
 	newPod     func(name string)
+	// n0 is openresty-0's nginx.
+	n0 *nginxtest.Nginx
 }
 
 const appliedNS = "llm"
@@ -155,7 +157,7 @@ func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEn
 			Nginx:     v1alpha1.Nginx{OutputConfigMap: "routes", Service: "openresty", Peers: []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}}},
 		},
 	}))
-	return &appliedEnv{k8s: k8s, kubeconfig: kubeconfig, dir0: dir0, s0: s0, backends: backends, consumers: consumers, newPod: newPod}
+	return &appliedEnv{k8s: k8s, kubeconfig: kubeconfig, dir0: dir0, s0: s0, backends: backends, consumers: consumers, newPod: newPod, n0: n0}
 }
 
 // appliedKey is the route file of route qwen.
