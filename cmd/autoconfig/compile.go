@@ -174,8 +174,7 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 		fmt.Fprintln(stderr, p.String())
 		return nil, cli.ExitCode(1)
 	}
-	// A canary on the stable version's Service: refused as by vet and
-	// the controller.
+	// A canary on the stable version's Service: refused as by vet.
 	if p, same := canaryOnStable(docs[0]); same {
 		fmt.Fprintln(stderr, p.String())
 		return nil, cli.ExitCode(1)

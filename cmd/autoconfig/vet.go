@@ -312,8 +312,7 @@ func ownMonitorInNginx(doc schema.Document) (schema.Problem, bool) {
 // canaryOnStable reports a route whose canary Service is its stable
 // Service once bare names resolve with metadata.namespace (the schema
 // catches the same text): both versions would be the same backends.
-// `autoconfig vet` and `autoconfig compile` refuse it, as the controller
-// does in the cluster.
+// `autoconfig vet` and `autoconfig compile` refuse it.
 func canaryOnStable(doc schema.Document) (schema.Problem, bool) {
 	mr := doc.Route
 	if mr == nil || mr.Spec.Canary == nil || mr.Spec.Discovery.Service == "" {

@@ -181,8 +181,8 @@ func SplitRef(ref, namespace string) (ns, name string) {
 // (a route file without one) a bare name equals only the same bare name:
 // where it lands depends on where the route is applied. The schema
 // compares the text only (the API server's rules cannot see the
-// namespace); `autoconfig vet`, `autoconfig compile` and the controller
-// use this.
+// namespace); `autoconfig vet` and `autoconfig compile` check this, and
+// the controller, which knows every route's namespace, should too.
 func SameBackends(stable, canary Discovery, namespace string) bool {
 	if stable.Port != 0 && canary.Port != 0 && stable.Port != canary.Port {
 		return false
