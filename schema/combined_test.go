@@ -67,6 +67,8 @@ spec:
     - {use: backend-svc, priority: 1}
   monitor: {outputConfigMap: monitoring/monitor-conf, model: Qwen/Qwen2, gpuType: H100, nginx: true}
   slo: {ttftMs: 1500}
+  canary: {discovery: {service: llm/qwen-v2}, weight: 10}
+  split: {stickyHeader: x-session, overrideHeader: x-version}
 `
 
 const videoBase = `
@@ -82,6 +84,8 @@ spec:
     outputConfigMap: video/openresty-conf
     values: {max_body_size: 64m, rate_limit: 200Mbps, upload_req_limit: 10r/s, upload_req_burst: "5"}
     peers: [{use: backend}, {use: backend-svc}]
+  canary: {discovery: {selector: app=wan-v2, port: 8000}, weight: 50}
+  split: {stickyCookie: wan}
 `
 
 // common are mutations of parts every route has.
@@ -140,8 +144,36 @@ var common = []mutation{
 		want: []want{{"spec.nginx.peers", "peers needs at least one peer"}}},
 }
 
+// canary are mutations of the canary and split every base route has.
+var canary = []mutation{
+	{name: "canary weight too big", changes: []string{"canary.weight"}, needs: []string{"canary"}, apply: set("spec.canary.weight", 101),
+		want: []want{{"spec.canary.weight", "canary.weight must be a whole number from 0 to 100"}}},
+	{name: "canary weight missing", changes: []string{"canary.weight"}, needs: []string{"canary"}, apply: del("spec.canary.weight"),
+		want: []want{{"spec.canary.weight", "canary.weight is required"}}},
+	{name: "canary port zero", changes: []string{"canary.port"}, needs: []string{"canary"}, apply: set("spec.canary.discovery.port", 0),
+		want: []want{{"spec.canary.discovery.port", "port must be a whole number from 1 to 65535"}}},
+	{name: "unknown canary field", changes: []string{"canary.extra"}, needs: []string{"canary"}, apply: set("spec.canary.replicas", 2),
+		want: []want{{"spec.canary.replicas", "unknown field"}}},
+	{name: "split without canary", changes: []string{"canary"}, needs: []string{"split"}, apply: del("spec.canary"),
+		want: []want{{"spec.split", "split only applies to a canary route"}}},
+	{name: "split headers the same", changes: []string{"split.headers"}, needs: []string{"split"}, apply: func(doc map[string]any) {
+		set("spec.split.stickyHeader", "x-same")(doc)
+		set("spec.split.overrideHeader", "x-same")(doc)
+	}, want: []want{{"spec.split.overrideHeader", "overrideHeader is the same header as stickyHeader"}}},
+	{name: "split header upper case", changes: []string{"split.headers"}, needs: []string{"split"}, apply: set("spec.split.stickyHeader", "X-Session"),
+		want: []want{{"spec.split.stickyHeader", "split.stickyHeader must be an HTTP header name in lower case"}}},
+	{name: "split cookie bad", changes: []string{"split.cookie"}, needs: []string{"split"}, apply: set("spec.split.stickyCookie", "a;b"),
+		want: []want{{"spec.split.stickyCookie", "split.stickyCookie must be a cookie name"}}},
+	{name: "unknown split field", changes: []string{"split.extra"}, needs: []string{"split"}, apply: set("spec.split.weight", 5),
+		want: []want{{"spec.split.weight", "unknown field"}}},
+}
+
 // llm are mutations of the LLM route.
 var llm = []mutation{
+	{name: "canary service and selector", changes: []string{"canary.disc"}, needs: []string{"canary"}, apply: set("spec.canary.discovery.selector", "app=qwen-v2"),
+		want: []want{{"spec.canary.discovery", "set only one of service or selector"}}},
+	{name: "canary on the stable Service", changes: []string{"canary.disc"}, needs: []string{"canary", "discovery.sel"}, apply: set("spec.canary.discovery.service", "llm/qwen"),
+		want: []want{{"spec.canary.discovery.service", "canary.discovery.service is the Service of spec.discovery"}}},
 	{name: "bad model type", changes: []string{"modelType"}, apply: set("spec.modelType", "chat"),
 		want: []want{{"spec.modelType", "modelType must be llm or video"}}},
 	{name: "bad failureMode", changes: []string{"failureMode"}, apply: set("spec.failureMode", "open"),
@@ -197,6 +229,10 @@ var llm = []mutation{
 
 // video are mutations of the video route.
 var video = []mutation{
+	{name: "canary neither service nor selector", changes: []string{"canary.disc"}, needs: []string{"canary"}, apply: del("spec.canary.discovery.selector"),
+		want: []want{{"spec.canary.discovery", "set exactly one of service"}}},
+	{name: "canary selector bad", changes: []string{"canary.disc"}, needs: []string{"canary"}, apply: set("spec.canary.discovery.selector", "app=wan,"),
+		want: []want{{"spec.canary.discovery.selector", "must be a label selector"}}},
 	{name: "video with cart", changes: []string{"cart"}, apply: set("spec.cart", map[string]any{"service": "video/wan-cart", "outputConfigMap": "video/wan-cart"}),
 		want: []want{{"spec.cart", "video routes cannot use cart"}}},
 	{name: "video with slo", changes: []string{"slo"}, apply: set("spec.slo", map[string]any{"ttftMs": 100}),
@@ -224,7 +260,7 @@ func TestMutationsAlone(t *testing.T) {
 	for _, c := range []struct {
 		base string
 		muts []mutation
-	}{{llmBase, append(slices.Clone(common), llm...)}, {videoBase, append(slices.Clone(common), video...)}} {
+	}{{llmBase, slices.Concat(common, canary, llm)}, {videoBase, slices.Concat(common, canary, video)}} {
 		if _, err := v.Validate("base.yaml", []byte(c.base)); err != nil {
 			t.Fatalf("base route rejected: %v", err)
 		}
@@ -249,7 +285,7 @@ func TestCombinedProblemsAllReported(t *testing.T) {
 	for _, c := range []struct {
 		name, base string
 		muts       []mutation
-	}{{"llm", llmBase, append(slices.Clone(common), llm...)}, {"video", videoBase, append(slices.Clone(common), video...)}} {
+	}{{"llm", llmBase, slices.Concat(common, canary, llm)}, {"video", videoBase, slices.Concat(common, canary, video)}} {
 		t.Run(c.name, func(t *testing.T) {
 			for round := range rounds {
 				k := 2 + r.IntN(len(c.muts)-1)

@@ -174,6 +174,11 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 		fmt.Fprintln(stderr, p.String())
 		return nil, cli.ExitCode(1)
 	}
+	// A canary on the stable version's Service: refused as by vet.
+	if p, same := canaryOnStable(docs[0]); same {
+		fmt.Fprintln(stderr, p.String())
+		return nil, cli.ExitCode(1)
+	}
 	snapSrc, _, err := readInput(o.endpoints, stdin)
 	if err != nil {
 		return nil, err

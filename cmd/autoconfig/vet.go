@@ -163,7 +163,13 @@ func runVet(o *vetOptions, args []string, stdin io.Reader, stdout, stderr io.Wri
 	// Routes that are valid alone may still write one ConfigMap key
 	// together: in a cluster they would overwrite each other. A monitor
 	// file must not go into an nginx output ConfigMap either.
-	for _, c := range append(monitorInNginx(routes), keyConflicts(routes)...) {
+	conflicts := monitorInNginx(routes)
+	for _, vr := range routes {
+		if p, ok := canaryOnStable(vr.doc); ok {
+			conflicts = append(conflicts, keyConflict{result: vr.result, problem: p})
+		}
+	}
+	for _, c := range append(conflicts, keyConflicts(routes)...) {
 		r := &results[c.result]
 		if r.Valid {
 			r.Valid = false
@@ -301,6 +307,24 @@ func ownMonitorInNginx(doc schema.Document) (schema.Problem, bool) {
 	return doc.Problem("spec.monitor.outputConfigMap", fmt.Sprintf(
 		"monitor.outputConfigMap is the nginx outputConfigMap (in the route's namespace %s both are ConfigMap %s): openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap",
 		mr.Namespace, mon)), true
+}
+
+// canaryOnStable reports a route whose canary Service is its stable
+// Service once bare names resolve with metadata.namespace (the schema
+// catches the same text): both versions would be the same backends.
+// `autoconfig vet` and `autoconfig compile` refuse it.
+func canaryOnStable(doc schema.Document) (schema.Problem, bool) {
+	mr := doc.Route
+	if mr == nil || mr.Spec.Canary == nil || mr.Spec.Discovery.Service == "" {
+		return schema.Problem{}, false
+	}
+	stable, canary := mr.Spec.Discovery, mr.Spec.Canary.Discovery
+	if !routespec.SameBackends(stable, canary, mr.Namespace) {
+		return schema.Problem{}, false
+	}
+	return doc.Problem("spec.canary.discovery.service", fmt.Sprintf(
+		"canary.discovery.service is the Service of spec.discovery (in the route's namespace %s both are Service %s): both versions would be the same backends; point canary.discovery at the canary version's own Service (or, when the same pods serve both versions, give both discoveries their different ports)",
+		mr.Namespace, routespec.RefKey(stable.Service, mr.Namespace))), true
 }
 
 // conflictAdvice says what to change, by the field that names the key.

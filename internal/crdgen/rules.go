@@ -7,6 +7,7 @@ import (
 
 	"cuelang.org/go/cue"
 
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 )
@@ -49,6 +50,10 @@ const (
 	msgValuesBytes    = "values add up to more than 16384 bytes (keys and values; the route file shares a 1 MiB ConfigMap with other routes); shorten them"
 	msgValuesCount    = "values has more than 64 keys (the route file shares a 1 MiB ConfigMap with other routes); remove some"
 	msgVideoKey       = " is not a video option; video routes accept max_body_size, proxy_timeout, connect_timeout, rate_limit, rate_limit_after, upload_conn_limit, upload_req_limit, upload_req_burst, api_keys, auth_public_paths, upload_limit_key; remove it or set modelType: llm"
+	msgSplitNoCanary  = "split only applies to a canary route: add spec.canary (the canary version's discovery and weight) or remove spec.split"
+	msgSameHeader     = "overrideHeader is the same header as stickyHeader: one header cannot carry both the session key and the version: give them different names (defaults x-session-id and x-model-version)"
+	msgSameService    = "canary.discovery.service is the Service of spec.discovery: both versions would be the same backends; point canary.discovery at the canary version's own Service (or, when the same pods serve both versions, give both discoveries their different ports)"
+	msgSameSelector   = "canary.discovery.selector is the selector of spec.discovery: both versions would be the same backends; select the canary version's own pods (or, when the same pods serve both versions, give both discoveries their different ports)"
 	msgDictSize       = "shared_dict_size must be an nginx size such as 10m, 512k or 1024m (from 64k to 16384m, no g unit: nginx's lua_shared_dict refuses it; it sizes the route's lua shared dict)"
 )
 
@@ -57,11 +62,15 @@ var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
 	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx, msgValuesBytes,
-	msgVideoKey,
+	msgVideoKey, msgSplitNoCanary, msgSameHeader, msgSameService, msgSameSelector,
 }
 
 // copiedRegexes lists the hand-copied regexes for TestRulesFollowCUE.
 var copiedRegexes = []string{routeRE, modelRE, dictRE}
+
+// portsDiffer (on spec, with a canary): both discoveries give a port, and
+// they differ.
+const portsDiffer = `(has(self.canary.discovery.port) && has(self.discovery.port) && self.canary.discovery.port != self.discovery.port)`
 
 func rule(r, msg, fieldPath string) apiextv1.ValidationRule {
 	return apiextv1.ValidationRule{Rule: r, Message: msg, FieldPath: fieldPath}
@@ -98,9 +107,23 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 			rule(isVideo+` || !has(self.nginx.values) || !("shared_dict_size" in self.nginx.values) || self.nginx.values["shared_dict_size"].matches(`+celString(dictRE)+`)`, msgDictSize, ".nginx.values"),
 			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("ttft_limit_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
 			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("tps_limit_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
+			rule(`!has(self.split) || has(self.canary)`, msgSplitNoCanary, ".split"),
+			// The canary's backends are not the stable version's: not the
+			// same Service or selector text, unless both ports are given
+			// and differ.
+			rule(`!has(self.canary) || !has(self.canary.discovery) || !has(self.canary.discovery.service) || !has(self.discovery.service) || self.canary.discovery.service != self.discovery.service || `+portsDiffer, msgSameService, ".canary.discovery.service"),
+			rule(`!has(self.canary) || !has(self.canary.discovery) || !has(self.canary.discovery.selector) || !has(self.discovery.selector) || self.canary.discovery.selector != self.discovery.selector || `+portsDiffer, msgSameSelector, ".canary.discovery.selector"),
 		},
-		"spec.discovery": exactlyOne,
-		"spec.cart":      exactlyOne,
+		"spec.discovery":        exactlyOne,
+		"spec.cart":             exactlyOne,
+		"spec.canary.discovery": exactlyOne,
+		// split sits on spec, and its defaults apply only with a canary;
+		// the API server fills them only when split is there, this judge
+		// not at all, so the rule reads an absent field as its default.
+		"spec.split": {
+			rule(fmt.Sprintf(`(has(self.stickyHeader) ? self.stickyHeader : %s) != (has(self.overrideHeader) ? self.overrideHeader : %s)`,
+				celString(routespec.DefaultStickyHeader), celString(routespec.DefaultOverrideHeader)), msgSameHeader, ".overrideHeader"),
+		},
 		"spec.nginx": {
 			rule(`!has(self.route) || self.route.matches(`+celString(routeRE)+`)`, msgRouteCharset, ".route"),
 			rule(`!has(self.route) || self.route.size() <= 63`, msgRouteLength, ".route"),

@@ -173,6 +173,35 @@ func SplitRef(ref, namespace string) (ns, name string) {
 	return namespace, ref
 }
 
+// SameBackends reports whether a canary's discovery finds the stable
+// version's backends, so that a split between them would change nothing:
+// the same Service (bare names resolved in namespace, the route's) or the
+// same selector text, unless both give a port and the ports differ (two
+// versions served from the same pods on two ports). With namespace ""
+// (a route file without one) a bare name equals only the same bare name:
+// where it lands depends on where the route is applied. The schema
+// compares the text only (the API server's rules cannot see the
+// namespace); `autoconfig vet` and `autoconfig compile` check this, and
+// the controller, which knows every route's namespace, should too.
+func SameBackends(stable, canary Discovery, namespace string) bool {
+	if stable.Port != 0 && canary.Port != 0 && stable.Port != canary.Port {
+		return false
+	}
+	switch {
+	case stable.Service != "" && canary.Service != "":
+		if stable.Service == canary.Service {
+			return true
+		}
+		if namespace == "" && (!strings.Contains(stable.Service, "/") || !strings.Contains(canary.Service, "/")) {
+			return false
+		}
+		return RefKey(stable.Service, namespace) == RefKey(canary.Service, namespace)
+	case stable.Selector != "" && canary.Selector != "":
+		return stable.Selector == canary.Selector
+	}
+	return false
+}
+
 // RefKey resolves ref like SplitRef and returns "ns/name".
 func RefKey(ref, namespace string) string {
 	ns, name := SplitRef(ref, namespace)

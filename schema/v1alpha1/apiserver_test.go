@@ -100,12 +100,34 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 	if err := c.Status().Update(ctx, &got); err != nil {
 		t.Fatalf("status update: %v", err)
 	}
+
+	// A canary route: the API server fills the split keys' defaults when
+	// split is given; status counts each version's backends.
+	canary := &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Name: "qwen-canary", Namespace: mr.Namespace}, Spec: *mr.Spec.DeepCopy()}
+	canary.Spec.Nginx.Route = "qwen-canary"
+	canary.Spec.Monitor = nil
+	canary.Spec.Canary = &v1alpha1.Canary{Discovery: v1alpha1.Discovery{Service: "llm/qwen-v2"}, Weight: 15}
+	canary.Spec.Split = &v1alpha1.Split{StickyHeader: "x-conversation"}
+	if err := c.Create(ctx, canary); err != nil {
+		t.Fatalf("create canary route: %v", err)
+	}
+	if got, want := *canary.Spec.Split, (v1alpha1.Split{StickyHeader: "x-conversation", OverrideHeader: "x-model-version", StickyCookie: "autoconfig-session"}); got != want {
+		t.Errorf("stored split %+v, want the defaults filled: %+v", got, want)
+	}
+	canary.Status = v1alpha1.Status{ObservedGeneration: canary.Generation, Backends: 4, CanaryBackends: 1}
+	if err := c.Status().Update(ctx, canary); err != nil {
+		t.Fatalf("canary status update: %v", err)
+	}
+
 	var list v1alpha1.ModelRouteList
 	if err := c.List(ctx, &list, client.InNamespace(mr.Namespace)); err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Items) != 1 {
-		t.Fatalf("list: %d items, want 1", len(list.Items))
+	if len(list.Items) != 2 {
+		t.Fatalf("list: %d items, want 2", len(list.Items))
+	}
+	if gs := list.Items[1].Status; list.Items[1].Name != "qwen-canary" || gs.Backends != 4 || gs.CanaryBackends != 1 {
+		t.Errorf("stored canary status differs: %s %+v", list.Items[1].Name, gs)
 	}
 	gs := list.Items[0].Status
 	if gs.Backends != wantStatus.Backends || gs.CartPeers != wantStatus.CartPeers ||
@@ -115,21 +137,26 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		t.Errorf("stored status differs: %+v", gs)
 	}
 
-	// kubectl get mr: NAME BACKENDS CART READY SYNCED DEGRADED AGE.
+	// kubectl get mr: NAME BACKENDS CART CANARY READY SYNCED DEGRADED AGE.
 	table := getTable(ctx, t, cfg, "/apis/"+v1alpha1.Group+"/"+v1alpha1.Version+"/namespaces/"+mr.Namespace+"/modelroutes")
 	var cols []string
 	for _, c := range table.ColumnDefinitions {
 		cols = append(cols, c.Name)
 	}
-	if want := []string{"Name", "Backends", "Cart", "Ready", "Synced", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
+	if want := []string{"Name", "Backends", "Cart", "Canary", "Ready", "Synced", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
 		t.Errorf("printer columns %q, want %q", cols, want)
 	}
-	if len(table.Rows) != 1 {
-		t.Fatalf("table rows: %d, want 1", len(table.Rows))
+	if len(table.Rows) != 2 {
+		t.Fatalf("table rows: %d, want 2", len(table.Rows))
 	}
-	cells := fmt.Sprint(table.Rows[0].Cells[:6])
-	if want := "[qwen 3 2 True 1/1 TierSkipped]"; cells != want {
+	// No canary: the column is empty (nil).
+	cells := fmt.Sprint(table.Rows[0].Cells[:7])
+	if want := "[qwen 3 2 <nil> True 1/1 TierSkipped]"; cells != want {
 		t.Errorf("row cells %s, want %s", cells, want)
+	}
+	cells = fmt.Sprint(table.Rows[1].Cells[:4])
+	if want := "[qwen-canary 4 0 15]"; cells != want {
+		t.Errorf("canary row cells %s, want %s", cells, want)
 	}
 }
 

@@ -38,6 +38,8 @@ type (
 	Peer      = routespec.Peer
 	Monitor   = routespec.Monitor
 	SLO       = routespec.SLO
+	Canary    = routespec.Canary
+	Split     = routespec.Split
 )
 
 // ModelRoute says how one model is routed.
@@ -64,8 +66,12 @@ type ModelRouteList struct {
 type Status struct {
 	// ObservedGeneration is the generation the status describes.
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Backends is the number of backend endpoints written.
+	// Backends is the number of backend endpoints written (with
+	// spec.canary: of the stable version, spec.discovery).
 	Backends int32 `json:"backends"`
+	// CanaryBackends is the number of canary backend endpoints written
+	// (spec.canary.discovery); only with spec.canary.
+	CanaryBackends int32 `json:"canaryBackends,omitempty"`
 	// CartPeers is the number of CART endpoints discovered.
 	CartPeers int32 `json:"cartPeers"`
 	// Conditions: Ready (the outputs hold the current render), Applied
