@@ -84,6 +84,10 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	st.route.Status.Outputs = statusOutputs(heldKeys(outcomes))
 	if r.outcomeProblems(st, outcomes) {
 		st.route.Status.Backends = int32(len(st.snap.Backends))
+		st.route.Status.CanaryBackends = 0
+		if st.spec.Spec.Canary != nil {
+			st.route.Status.CanaryBackends = int32(len(st.snap.CanaryBackends))
+		}
 	}
 	return false, nil
 }

@@ -37,6 +37,14 @@ func (r *Reconciler) reconcileSpec(ctx context.Context, st *state) (bool, error)
 		spec, err = r.Routes.specs.validate(r.Validator, st.route)
 	}
 	if err == nil {
+		if c := spec.Spec.Canary; c != nil && routespec.SameBackends(spec.Spec.Discovery, c.Discovery, spec.Namespace) {
+			// The schema compares the names as written; with the
+			// namespace known, a bare name and ns/name can be one Service.
+			markStalled(st.route, ReasonInvalidSpec, fmt.Sprintf(
+				"spec.canary.discovery.service: it is the Service of spec.discovery (Service %s): both versions would be the same backends; point canary.discovery at the canary version's own Service (or, when the same pods serve both versions, give both discoveries their different ports)",
+				routespec.RefKey(spec.Spec.Discovery.Service, spec.Namespace)))
+			return true, reconcile.TerminalError(errors.New("invalid spec: canary on the stable Service"))
+		}
 		st.spec = spec
 		return false, nil
 	}
@@ -136,6 +144,7 @@ func (r *Reconciler) checkServiceGrants(ctx context.Context, st *state) (bool, e
 	if !ok {
 		st.noRender = true
 		st.route.Status.Backends = 0
+		st.route.Status.CanaryBackends = 0
 		st.route.Status.CartPeers = 0
 	}
 	return false, nil
