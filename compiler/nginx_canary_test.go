@@ -462,6 +462,29 @@ func TestNginxCanaryFallthrough(t *testing.T) {
 		rig.installStatic(t, rig.llmCanary(50), rig.snapshot(t, Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}, Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}))
 		run(t, rig, "canary refuses")
 	})
+	t.Run("stable refuses", func(t *testing.T) {
+		// The other direction: sessions of the stable version fall
+		// through to the canary while every stable peer refuses.
+		rig := newCanaryRig(t, "cfs")
+		snap := Snapshot{Backends: []Endpoint{{IP: "127.0.0.1", Port: refusingPort(t)}}, CanaryBackends: []Endpoint{rig.canary.endpoint(t)}}
+		rig.installStatic(t, rig.llmCanary(10), snap)
+		wantFell := 0
+		for i, a := range rig.many(len(keys), "v1/chat/completions", func(i int) map[string]string {
+			return map[string]string{routespec.DefaultStickyHeader: keys[i]}
+		}) {
+			if v := served(t, fmt.Sprintf("stable refuses #%d", i), a); v != "canary" {
+				t.Fatalf("stable refuses #%d: served by %s", i, v)
+			}
+			if expectedVersion(keys[i], 10) == "stable" {
+				wantFell++
+			}
+		}
+		s := rig.status(t)
+		t.Logf("stable refuses: %d sessions, all 200 from the canary; fallthrough stable→canary %d (expected %d)", len(keys), s.Fallthrough["stable"], wantFell)
+		if s.Fallthrough["stable"] != wantFell || s.Fallthrough["canary"] != 0 || s.Requests["canary"] != len(keys) {
+			t.Errorf("stable refuses: counters %+v, want %d fallthroughs from stable", s, wantFell)
+		}
+	})
 	t.Run("dynamic, no canary endpoints", func(t *testing.T) {
 		rig := newCanaryRig(t, "cfd")
 		rig.installDynamicRoute(t, rig.llmCanary(50), rig.snapshot(t), 1, true)

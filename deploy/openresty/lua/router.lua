@@ -46,6 +46,14 @@
 --     state; with ?strings=hex every string (keys too) is hex-encoded, so
 --     arbitrary bytes (NUL, invalid UTF-8) survive JSON exactly. A dynamic
 --     route adds dynamic = true, the table's version and serial;
+--   * canary routes (docs/lua-contract.md, "Canary"): register_route's
+--     fourth argument or a format 2 peers table's canary; each request's
+--     version (stable or canary) from the override header, else the CRC-32
+--     bucket of the sticky header or cookie, else an exact weighted draw
+--     (the response sets the sticky cookie); a version without a live
+--     peer falls through to the other (counted); header() sets
+--     X-Model-Version; counters in /_status and GET /canary/<route> on the
+--     control socket;
 --   * option kind = "video" (dynamic video routes): a plain proxy, so no
 --     engine endpoint (/_status, /_tps_status go to the backend); tiers of
 --     the highest priority form one primary group (nginx's non-backup
@@ -70,7 +78,8 @@
 -- shared dict (they are released only by the log phase).
 --
 -- No request header is read for peer choice: peers come only from
--- register_route or the peers table.
+-- register_route or the peers table. A canary route's split headers and
+-- cookie choose between its two versions only (hashed, never evaluated).
 local cjson = require("cjson.safe")
 
 local M = {}
