@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +26,25 @@ import (
 // the version that served and X-Model-Version must agree with it.
 
 // bucketOf is the engine's bucket of a session key: ngx.crc32_long is
-// CRC-32 (IEEE), as hash/crc32.ChecksumIEEE.
-func bucketOf(key string) uint32 { return crc32.ChecksumIEEE([]byte(key)) % 10000 }
+// CRC-32 (IEEE), as hash/crc32.ChecksumIEEE. A key "autoconfig-session=…"
+// stands for a cookie the engine set: its bucket is the number before
+// the dot.
+func bucketOf(key string) uint32 {
+	if v, ok := strings.CutPrefix(key, routespec.DefaultStickyCookie+"="); ok {
+		b, _, _ := strings.Cut(v, ".")
+		n, _ := strconv.Atoi(b)
+		return uint32(n)
+	}
+	return crc32.ChecksumIEEE([]byte(key)) % 10000
+}
+
+// sessionHeader is the request header of a session key (see bucketOf).
+func sessionHeader(key string) map[string]string {
+	if strings.HasPrefix(key, routespec.DefaultStickyCookie+"=") {
+		return map[string]string{"Cookie": key}
+	}
+	return map[string]string{routespec.DefaultStickyHeader: key}
+}
 
 // expectedVersion is the version of a session key at weight w.
 func expectedVersion(key string, w int) string {
@@ -207,6 +225,42 @@ func (rig *canaryRig) installDynamicRoute(t *testing.T, r *Route, snap Snapshot,
 	push(t, controlClient(rig.n), tb, body, serial)
 }
 
+// workerClients returns one client per nginx worker: each holds one
+// keep-alive connection, found (by _status's pid) to be served by that
+// worker.
+func (rig *canaryRig) workerClients(t *testing.T) map[int]*http.Client {
+	t.Helper()
+	want := len(rig.n.WorkerPIDs())
+	out := map[int]*http.Client{}
+	for i := 0; i < 200 && len(out) < want; i++ {
+		c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1, MaxIdleConnsPerHost: 1}}
+		resp, err := c.Get(rig.n.URL(rig.route) + "_status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct {
+			Pid int `json:"pid"`
+		}
+		if err := json.Unmarshal([]byte(readAll(t, resp)), &s); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := out[s.Pid]; ok {
+			c.CloseIdleConnections()
+			continue
+		}
+		out[s.Pid] = c
+	}
+	if len(out) < want {
+		t.Fatalf("connections reached %d of %d workers", len(out), want)
+	}
+	t.Cleanup(func() {
+		for _, c := range out {
+			c.CloseIdleConnections()
+		}
+	})
+	return out
+}
+
 // sessionKeys are n session keys.
 func sessionKeys(n int) []string {
 	keys := make([]string, n)
@@ -293,6 +347,29 @@ func TestNginxCanarySticky(t *testing.T) {
 		}
 	}
 	check("sticky header")
+	// Every worker, on a connection of its own, puts each key on the
+	// same version.
+	clients := rig.workerClients(t)
+	for _, k := range keys[:200] {
+		seen := map[string]int{}
+		for pid, c := range clients {
+			req, _ := http.NewRequest("GET", rig.n.URL(rig.route)+"v1/models", nil)
+			req.Header.Set(routespec.DefaultStickyHeader, k)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readAll(t, resp)
+			if body != resp.Header.Get("X-Model-Version") {
+				t.Fatalf("worker %d: %q X-Model-Version %q", pid, body, resp.Header.Get("X-Model-Version"))
+			}
+			seen[body]++
+		}
+		if len(seen) != 1 || seen[expectedVersion(k, 10)] != len(clients) {
+			t.Fatalf("session %q on the workers' own connections: %v", k, seen)
+		}
+	}
+	t.Logf("200 sessions asked of each of %d workers on its own connection: one version each", len(clients))
 	pids := rig.n.WorkerPIDs()
 	if err := rig.n.Reload(); err != nil {
 		t.Fatal(err)
@@ -335,6 +412,17 @@ func TestNginxCanarySticky(t *testing.T) {
 	if flips != 0 {
 		t.Errorf("cookie sessions: %d version flips", flips)
 	}
+	// A reload keeps every cookie session on its version.
+	if err := rig.n.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range rig.many(1000, "v1/chat/completions", func(i int) map[string]string {
+		return map[string]string{"Cookie": cookies[i]}
+	}) {
+		if v := served(t, "cookie turn after a reload", a); v != firstV[i] {
+			t.Fatalf("cookie session %d (%s) on %s after a reload, was %s", i, cookies[i], v, firstV[i])
+		}
+	}
 }
 
 // rampCheck asks every key once at weight w and checks each is on the
@@ -345,11 +433,15 @@ func rampCheck(t *testing.T, rig *canaryRig, keys []string, w, prevW int, prev m
 	t.Helper()
 	now := map[string]string{}
 	for i, a := range rig.many(len(keys), "v1/chat/completions", func(i int) map[string]string {
-		return map[string]string{routespec.DefaultStickyHeader: keys[i]}
+		return sessionHeader(keys[i])
 	}) {
 		now[keys[i]] = served(t, fmt.Sprintf("weight %d", w), a)
 	}
-	moved, back, wantMoved := 0, 0, 0
+	// Raising the weight moves the sessions of buckets [prevW, w) × 100
+	// to the canary and none back; lowering it moves those of
+	// [w, prevW) × 100 back and none forward.
+	lo, hi := uint32(min(prevW, w)*100), uint32(max(prevW, w)*100)
+	forward, back, wantMoved := 0, 0, 0
 	for _, k := range keys {
 		if now[k] != expectedVersion(k, w) {
 			t.Fatalf("weight %d: session %q (bucket %d) on %s", w, k, bucketOf(k), now[k])
@@ -358,23 +450,29 @@ func rampCheck(t *testing.T, rig *canaryRig, keys []string, w, prevW int, prev m
 			continue
 		}
 		b := bucketOf(k)
-		if b >= uint32(prevW*100) && b < uint32(w*100) {
+		if b >= lo && b < hi {
 			wantMoved++
 		}
 		switch {
 		case prev[k] == "stable" && now[k] == "canary":
-			moved++
-			if b < uint32(prevW*100) || b >= uint32(w*100) {
-				t.Errorf("weight %d→%d: session %q (bucket %d) moved outside the added band", prevW, w, k, b)
-			}
+			forward++
 		case prev[k] == "canary" && now[k] == "stable":
 			back++
+		default:
+			continue
+		}
+		if b < lo || b >= hi {
+			t.Errorf("weight %d→%d: session %q (bucket %d) moved outside the changed band", prevW, w, k, b)
 		}
 	}
 	if prev != nil {
-		t.Logf("ramp %d→%d: %d of %d sessions moved to the canary (%d expected from their buckets), %d moved back", prevW, w, moved, len(keys), wantMoved, back)
-		if back != 0 || moved != wantMoved {
-			t.Errorf("ramp %d→%d: %d sessions moved to the canary (want %d), %d back to stable (want 0)", prevW, w, moved, wantMoved, back)
+		t.Logf("weight %d→%d: %d of %d sessions moved to the canary, %d back to stable (%d expected from their buckets)", prevW, w, forward, len(keys), back, wantMoved)
+		wantForward, wantBack := wantMoved, 0
+		if w < prevW {
+			wantForward, wantBack = 0, wantMoved
+		}
+		if forward != wantForward || back != wantBack {
+			t.Errorf("weight %d→%d: %d sessions to the canary (want %d), %d back to stable (want %d)", prevW, w, forward, wantForward, back, wantBack)
 		}
 	}
 	return now
@@ -383,7 +481,8 @@ func rampCheck(t *testing.T, rig *canaryRig, keys []string, w, prevW int, prev m
 // TestNginxCanaryRamp: 10 → 25 → 50 moves only the sessions whose bucket
 // joins the canary's band, never one back; with a static route file
 // (re-rendered, reloaded) and with dynamic peers (the table pushed, no
-// reload: same workers).
+// reload: same workers; then back to 25, which moves exactly the removed
+// band's sessions back).
 func TestNginxCanaryRamp(t *testing.T) {
 	keys := sessionKeys(1000)
 	t.Run("static", func(t *testing.T) {
@@ -396,14 +495,23 @@ func TestNginxCanaryRamp(t *testing.T) {
 		}
 	})
 	t.Run("dynamic", func(t *testing.T) {
+		keys := slices.Clone(keys)
 		rig := newCanaryRig(t, "crd")
 		var prev map[string]string
 		prevW := 0
 		var pids []int
-		for i, w := range []int{10, 25, 50} {
+		// Up, then back down to 25: lowering removes exactly the
+		// sessions of the removed band.
+		for i, w := range []int{10, 25, 50, 25} {
 			rig.installDynamicRoute(t, rig.llmCanary(int32(w)), rig.snapshot(t, rig.canary.endpoint(t)), int64(i+1), i == 0)
 			if i == 0 {
 				pids = rig.n.WorkerPIDs()
+				// 500 cookie sessions join the header sessions: their
+				// first, keyless turn got the cookie.
+				for _, a := range rig.many(500, "v1/chat/completions", func(int) map[string]string { return nil }) {
+					val, _, _ := strings.Cut(a.cookie, ";")
+					keys = append(keys, val)
+				}
 			}
 			prev, prevW = rampCheck(t, rig, keys, w, prevW, prev), w
 			if s := rig.status(t); s.Weight != w {
