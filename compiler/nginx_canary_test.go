@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -695,4 +696,64 @@ func TestNginxCanaryVideo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkCanaryRequest is the cost of the split per request: one
+// request at a time over a kept-alive connection to a route without a
+// canary, and to one with a canary (session header, keyless), on the
+// shipped nginx.conf and router.lua.
+//
+//	go test -run '^$' -bench BenchmarkCanaryRequest -benchtime 5000x ./compiler
+func BenchmarkCanaryRequest(b *testing.B) {
+	n := nginxtest.Start(b, nginxtest.Options{Reference: true, Workers: 2})
+	be := httptestBackend(b)
+	snap := Snapshot{Backends: []Endpoint{be}, CanaryBackends: []Endpoint{be}}
+	for _, r := range []*Route{llmRoute("plain", nil, backendTier), withCanary(llmRoute("split", nil, backendTier), 10)} {
+		res, err := Compile(r, snap, Options{SockDir: n.SockDir()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		conf, _ := res.Outputs[0].Render(nil)
+		if err := os.WriteFile(filepath.Join(n.RoutesDir(), res.Outputs[0].Key), conf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := n.Reload(); err != nil {
+		b.Fatal(err)
+	}
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	for _, tc := range []struct {
+		name, route string
+		hdr         map[string]string
+	}{
+		{"no canary", "plain", nil},
+		{"canary, session header", "split", map[string]string{routespec.DefaultStickyHeader: "session-42"}},
+		{"canary, keyless", "split", nil},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				req, _ := http.NewRequest("GET", n.URL(tc.route)+"v1/models", nil)
+				for k, v := range tc.hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatalf("%d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
+
+// httptestBackend is a backend endpoint answering "ok" for a benchmark.
+func httptestBackend(b *testing.B) Endpoint {
+	srv := httptest.NewServer(text("ok"))
+	b.Cleanup(srv.Close)
+	h, p, _ := strings.Cut(srv.Listener.Addr().String(), ":")
+	port, _ := strconv.Atoi(p)
+	return Endpoint{IP: h, Port: int32(port), Ready: true}
 }
