@@ -132,3 +132,41 @@ func TestCanaryNoBackends(t *testing.T) {
 		t.Error("weight 101 compiled")
 	}
 }
+
+// TestCanaryDynamicRampIsAPush: with dynamic peers the route file of a
+// canary route depends neither on the canary's endpoints nor on its
+// weight (llm and video): a ramp or a canary scale-out changes only the
+// peers table, which the sidecar pushes without a reload; the table's
+// version changes with each.
+func TestCanaryDynamicRampIsAPush(t *testing.T) {
+	_, routes, _, snap, _ := goldenInputs(t)
+	for _, rel := range []string{"deploy/samples/modelroute-llm.yaml", "deploy/samples/modelroute-video.yaml"} {
+		var file []byte
+		versions := map[string]bool{}
+		for _, w := range []int32{0, 10, 25, 50, 100} {
+			for _, canary := range [][]Endpoint{nil, canaryEndpoints[:1], canaryEndpoints} {
+				s := snap
+				s.CanaryBackends = canary
+				res, err := Compile(withCanary(routes[rel], w), normalized(s), Options{DynamicPeers: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				conf, _ := res.Outputs[0].Render(nil)
+				if file == nil {
+					file = conf
+				} else if !bytes.Equal(conf, file) {
+					t.Fatalf("%s: the dynamic route file changed with weight %d and %d canary endpoints", rel, w, len(canary))
+				}
+				body, _ := res.Outputs[1].Render(nil)
+				tb, err := peers.Parse(body)
+				if err != nil || tb.Canary.Weight != w || len(tb.Canary.Tiers[0].Peers) != len(canary) {
+					t.Fatalf("%s: table %v %+v", rel, err, tb)
+				}
+				versions[tb.Version] = true
+			}
+		}
+		if len(versions) != 15 {
+			t.Errorf("%s: %d table versions for 15 different tables", rel, len(versions))
+		}
+	}
+}
