@@ -757,3 +757,51 @@ func httptestBackend(b *testing.B) Endpoint {
 	port, _ := strconv.Atoi(p)
 	return Endpoint{IP: h, Port: int32(port), Ready: true}
 }
+
+// TestNginxCanaryDynamicState: the canary tier's peer state is kept by a
+// push that keeps the peer (a ramp) and forgotten by one that removes it,
+// as the route's own peers' state; an ejected canary sends its requests
+// to the stable version at once.
+func TestNginxCanaryDynamicState(t *testing.T) {
+	rig := newCanaryRig(t, "cds")
+	dead := Endpoint{IP: "127.0.0.1", Port: refusingPort(t)}
+	rig.installDynamicRoute(t, rig.llmCanary(50), rig.snapshot(t, dead), 1, true)
+	ejected := func() bool {
+		t.Helper()
+		resp, err := rig.client.Get(rig.n.URL(rig.route) + "_status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct {
+			Canary struct {
+				State []struct {
+					Use   string       `json:"use"`
+					Peers []enginePeer `json:"peers"`
+				} `json:"state"`
+			} `json:"canary"`
+		}
+		body := readAll(t, resp)
+		if err := json.Unmarshal([]byte(body), &s); err != nil || len(s.Canary.State) != 1 || s.Canary.State[0].Use != UseCanary || len(s.Canary.State[0].Peers) != 1 {
+			t.Fatalf("_status %q: %v", body, err)
+		}
+		return s.Canary.State[0].Peers[0].Ejected
+	}
+	override := map[string]string{routespec.DefaultOverrideHeader: "canary"}
+	for i := 0; i < 3; i++ {
+		if v := served(t, "override to a refusing canary", rig.ask("v1/models", override)); v != "stable" {
+			t.Fatalf("request %d served by %s", i, v)
+		}
+	}
+	if !ejected() {
+		t.Fatal("the refusing canary peer is not ejected after 3 connection failures")
+	}
+	rig.installDynamicRoute(t, rig.llmCanary(60), rig.snapshot(t, dead), 2, false)
+	if !ejected() {
+		t.Error("a ramp (same canary peer) forgot the ejection")
+	}
+	rig.installDynamicRoute(t, rig.llmCanary(60), rig.snapshot(t), 3, false)
+	rig.installDynamicRoute(t, rig.llmCanary(60), rig.snapshot(t, dead), 4, false)
+	if ejected() {
+		t.Error("a canary peer removed and listed again kept its ejection")
+	}
+}
