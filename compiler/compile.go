@@ -241,7 +241,12 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 		return res, err
 	}
 
+	if err := c.checkCanary(snap); err != nil {
+		return Result{}, fmt.Errorf("route %s: %w", name, err)
+	}
+
 	llm := route.Spec.ModelType != routespec.ModelTypeVideo
+	c.video = !llm
 	tiers, err := c.tiers(llm)
 	if err != nil {
 		return Result{}, fmt.Errorf("route %s: %w", name, err)
@@ -310,6 +315,10 @@ type compilation struct {
 	cartSvc    *endpoint
 	cartPods   []endpoint
 	nginxPods  []endpoint
+	// canary are the canary backends (spec.canary only).
+	canary []endpoint
+	// video: a video route (else llm).
+	video bool
 }
 
 func (c *compilation) warnf(format string, args ...any) {

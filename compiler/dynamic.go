@@ -60,11 +60,19 @@ func appendDynamicRegistration(b []byte, name string, opts [][2]string) []byte {
 func (c *compilation) peersTable(tiers []tier) ([]byte, error) {
 	t := peers.Table{Route: c.name, Owner: OwnerRef(c.route.Namespace, c.route.Name), Tiers: make([]peers.Tier, len(tiers))}
 	for i, tr := range tiers {
-		ps := make([]peers.Peer, len(tr.peers))
-		for j := range tr.peers {
-			ps[j] = peers.Peer{Host: tr.peers[j].ip, Port: tr.peers[j].port}
-		}
-		t.Tiers[i] = peers.Tier{Use: tr.use, Priority: tr.priority, MaxConcurrency: tr.maxConc, ProbePath: tr.probe, Peers: ps}
+		t.Tiers[i] = peersTier(tr)
+	}
+	if c.hasCanary() {
+		t.Canary = c.peersCanary(c.canaryTier(!c.video))
 	}
 	return t.Encode()
+}
+
+// peersTier is a rendered tier as a peers table's tier.
+func peersTier(tr tier) peers.Tier {
+	ps := make([]peers.Peer, len(tr.peers))
+	for j := range tr.peers {
+		ps[j] = peers.Peer{Host: tr.peers[j].ip, Port: tr.peers[j].port}
+	}
+	return peers.Tier{Use: tr.use, Priority: tr.priority, MaxConcurrency: tr.maxConc, ProbePath: tr.probe, Peers: ps}
 }

@@ -133,5 +133,6 @@ func normalized(s Snapshot) Snapshot {
 	s.Backends = endpoints.Normalize(s.Backends)
 	s.CartPods = endpoints.Normalize(s.CartPods)
 	s.NginxPods = endpoints.Normalize(s.NginxPods)
+	s.CanaryBackends = endpoints.Normalize(s.CanaryBackends)
 	return s
 }

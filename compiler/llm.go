@@ -78,7 +78,7 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 	if c.opts.DynamicPeers {
 		b = appendDynamicRegistration(b, c.name, c.llmOptions())
 	} else {
-		b = c.appendStaticRegistration(b, tiers)
+		b = c.appendStaticRegistration(b, c.llmOptions(), tiers)
 	}
 	b = append(b, "        }\n"...)
 	b = append(b, "        proxy_pass http://"...)
@@ -99,6 +99,9 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 		// that long before the engine's retry moves on.
 		b = append(b, "        proxy_connect_timeout "+failOpenConnectTimeout+";\n"...)
 	}
+	if c.hasCanary() {
+		b = appendHeaderFilter(b, c.name)
+	}
 	b = append(b, `        log_by_lua_block {
             require("`+LuaModule+`").log(`...)
 	b = append(b, route...)
@@ -109,46 +112,66 @@ func (c *compilation) appendLLMLocation(b []byte, tiers []tier) []byte {
 // appendStaticRegistration writes the access-phase lua that registers an
 // llm route with its options and its tiers, then admits the request
 // (inside access_by_lua_block, after the tuning guard).
-func (c *compilation) appendStaticRegistration(b []byte, tiers []tier) []byte {
+func (c *compilation) appendStaticRegistration(b []byte, opts [][2]string, tiers []tier) []byte {
 	route := LuaString(c.name)
 	b = append(b, "            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
 	b = append(b, route...)
 	b = append(b, ") then\n                router.register_route("...)
 	b = append(b, route...)
 	b = append(b, ", {\n"...)
-	b = appendLuaOptions(b, c.llmOptions())
+	b = appendLuaOptions(b, opts)
 	b = append(b, "                }, {\n"...)
 	for _, t := range tiers {
-		b = append(b, "                    {\n                        [ \"use\" ] = "...)
-		b = appendLuaString(b, t.use)
-		b = append(b, ",\n                        [ \"priority\" ] = "...)
-		b = strconv.AppendInt(b, int64(t.priority), 10)
-		b = append(b, ",\n"...)
-		if t.maxConc > 0 {
-			b = append(b, "                        [ \"max_concurrency\" ] = "...)
-			b = strconv.AppendInt(b, t.maxConc, 10)
-			b = append(b, ",\n"...)
-		}
-		if t.probe != "" {
-			b = append(b, "                        [ \"probe_path\" ] = "...)
-			b = appendLuaString(b, t.probe)
-			b = append(b, ",\n"...)
-		}
-		b = append(b, "                        [ \"peers\" ] = {\n"...)
-		for i := range t.peers {
-			p := &t.peers[i]
-			b = append(b, "                            { [ \"host\" ] = "...)
-			b = appendLuaString(b, p.ip)
-			b = append(b, ", [ \"port\" ] = "...)
-			b = strconv.AppendInt(b, int64(p.port), 10)
-			b = append(b, " },\n"...)
-		}
-		b = append(b, "                        },\n                    },\n"...)
+		b = appendLuaTier(b, t, "                    ")
+	}
+	if c.hasCanary() {
+		b = c.appendCanaryArg(b, c.canaryTier(!c.video))
 	}
 	b = append(b, "                })\n            end\n            router.access("...)
 	b = append(b, route...)
 	b = append(b, ")\n"...)
 	return b
+}
+
+// appendLuaTier writes one tier of a registration, its "{" at indent.
+func appendLuaTier(b []byte, t tier, indent string) []byte {
+	b = append(b, indent...)
+	b = append(b, "{\n"...)
+	b = append(b, indent...)
+	b = append(b, "    [ \"use\" ] = "...)
+	b = appendLuaString(b, t.use)
+	b = append(b, ",\n"...)
+	b = append(b, indent...)
+	b = append(b, "    [ \"priority\" ] = "...)
+	b = strconv.AppendInt(b, int64(t.priority), 10)
+	b = append(b, ",\n"...)
+	if t.maxConc > 0 {
+		b = append(b, indent...)
+		b = append(b, "    [ \"max_concurrency\" ] = "...)
+		b = strconv.AppendInt(b, t.maxConc, 10)
+		b = append(b, ",\n"...)
+	}
+	if t.probe != "" {
+		b = append(b, indent...)
+		b = append(b, "    [ \"probe_path\" ] = "...)
+		b = appendLuaString(b, t.probe)
+		b = append(b, ",\n"...)
+	}
+	b = append(b, indent...)
+	b = append(b, "    [ \"peers\" ] = {\n"...)
+	for i := range t.peers {
+		p := &t.peers[i]
+		b = append(b, indent...)
+		b = append(b, "        { [ \"host\" ] = "...)
+		b = appendLuaString(b, p.ip)
+		b = append(b, ", [ \"port\" ] = "...)
+		b = strconv.AppendInt(b, int64(p.port), 10)
+		b = append(b, " },\n"...)
+	}
+	b = append(b, indent...)
+	b = append(b, "    },\n"...)
+	b = append(b, indent...)
+	return append(b, "},\n"...)
 }
 
 // appendLuaOptions writes the lines of a registration's options table,

@@ -6,14 +6,14 @@ import (
 )
 
 // renderMonitor writes <model>.monitor.conf (format in docs/outputs.md):
-// one "service:" line per backend, then "nginx:" lines for the entry pods
+// one "service:" line per backend (the canary's with version=canary), then "nginx:" lines for the entry pods
 // and "router:" lines for the CART pods when enabled.
 func (c *compilation) renderMonitor(model string) []byte {
 	mon := c.route.Spec.Monitor
 	gpu := mon.GPUType
 	if gpu == "" {
 		var disagree []string
-		gpu, disagree = c.backendGPU()
+		gpu, disagree = backendGPU(c.backends)
 		if len(disagree) > 0 {
 			c.warnf("monitor gpu type left empty: backends run different GPUs (%s); set spec.monitor.gpuType", strings.Join(disagree, ", "))
 		}
@@ -44,6 +44,28 @@ func (c *compilation) renderMonitor(model string) []byte {
 		b = c.backends[i].appendHostPort(b)
 		b = append(b, '\n')
 	}
+	// The canary's backends (spec.canary): the same line with
+	// version=canary at its end, so dashboards tell the versions apart;
+	// their GPU is derived from their own labels unless gpuType is set.
+	if len(c.canary) > 0 {
+		cgpu := mon.GPUType
+		if cgpu == "" {
+			var disagree []string
+			cgpu, disagree = backendGPU(c.canary)
+			if len(disagree) > 0 {
+				c.warnf("monitor gpu type of the canary left empty: canary backends run different GPUs (%s); set spec.monitor.gpuType", strings.Join(disagree, ", "))
+			}
+		}
+		for i := range c.canary {
+			b = append(b, "service: model="...)
+			b = append(b, model...)
+			b = append(b, " gpu_type="...)
+			b = append(b, cgpu...)
+			b = append(b, " endpoint="...)
+			b = c.canary[i].appendHostPort(b)
+			b = append(b, " version=canary\n"...)
+		}
+	}
 	if withNginx {
 		for i := range c.nginxPods {
 			b = append(b, "nginx: endpoint="...)
@@ -64,11 +86,11 @@ func (c *compilation) renderMonitor(model string) []byte {
 // backendGPU derives the backends' short GPU name. Backends without a
 // (recognisable) label are ignored; when the others disagree the result is
 // empty and disagree lists the names found.
-func (c *compilation) backendGPU() (gpu string, disagree []string) {
+func backendGPU(backends []endpoint) (gpu string, disagree []string) {
 	var names []string
 	last := "\x00"
-	for i := range c.backends {
-		label := c.backends[i].gpu
+	for i := range backends {
+		label := backends[i].gpu
 		if label == last {
 			continue // one pool is mostly one GPU type: derive each label once
 		}

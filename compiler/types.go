@@ -64,6 +64,12 @@ type Result struct {
 	// Skipped are the spec.nginx.peers entries that rendered no tier
 	// (also in Warnings).
 	Skipped []SkippedTier
+	// CanaryNoBackends: the route has spec.canary but its discovery found
+	// no endpoint. Not an error (the engine serves every request from the
+	// stable version and counts the fallthrough); the controller reports
+	// the route Degraded with reason ReasonCanaryNoBackends (also in
+	// Warnings).
+	CanaryNoBackends bool
 }
 
 // SkippedTier is a spec.nginx.peers entry that rendered no tier.

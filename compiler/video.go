@@ -110,15 +110,20 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	for _, t := range tiers {
 		n += len(t.peers)
 	}
+	// engine: the upstream is the engine's balancer (dynamic peers, or a
+	// canary: the engine chooses each request's version and falls through
+	// to the other when the chosen one has no live peer, which two plain
+	// nginx upstreams cannot tell lua).
+	engine := c.opts.DynamicPeers || c.hasCanary()
 	var dict string
-	if c.opts.DynamicPeers {
+	if engine {
 		if dict, err = c.sharedDictSize(); err != nil {
 			return nil, err
 		}
 	}
-	b := make([]byte, 0, 4096+96*n)
+	b := make([]byte, 0, 4096+96*(n+len(c.canary)))
 	b = c.appendHeader(b)
-	if c.opts.DynamicPeers {
+	if engine {
 		b = appendSharedDict(b, c.name, dict)
 	}
 
@@ -147,7 +152,7 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	b = append(b, fwd...)
 	b = append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
 
-	if c.opts.DynamicPeers {
+	if engine {
 		b = appendBalancerUpstream(b, c.name)
 	} else {
 		b = appendVideoUpstream(b, up, tiers, n)
@@ -168,6 +173,16 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
 		}
 		b = appendDynamicRegistration(b, c.name, videoDynamicOptions)
+		b = append(b, "        }\n"...)
+	case c.hasCanary():
+		// A static canary route: registered with its tiers and the
+		// canary, with the dynamic video options (the static upstream's
+		// semantics).
+		b = append(b, "        access_by_lua_block {\n"...)
+		if keys != "" {
+			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
+		}
+		b = c.appendStaticRegistration(b, videoDynamicOptions, tiers)
 		b = append(b, "        }\n"...)
 	case keys != "":
 		b = appendVideoAuth(b, keys, val("auth_public_paths"))
@@ -207,7 +222,12 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	b = append(b, ";\n        proxy_send_timeout "...)
 	b = append(b, proxyTimeout...)
 	b = append(b, ";\n        # A refused or timed-out connection moves on to another peer (nothing\n        # was sent); a 503 answer is passed back and ejects no one.\n        proxy_next_upstream error timeout;\n        proxy_next_upstream_tries "...)
-	b = strconv.AppendInt(b, videoUpstreamTries, 10)
+	tries := int64(videoUpstreamTries)
+	if c.hasCanary() {
+		// The engine's extra try: the fallthrough to the other version.
+		tries++
+	}
+	b = strconv.AppendInt(b, tries, 10)
 	b = append(b, ";\n"...)
 	if rate == "" {
 		b = append(b, "        proxy_buffering off;\n"...)
@@ -220,7 +240,10 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 		b = append(b, rateAfter...)
 		b = append(b, ";\n"...)
 	}
-	if c.opts.DynamicPeers {
+	if c.hasCanary() {
+		b = appendHeaderFilter(b, c.name)
+	}
+	if engine {
 		// The engine releases the try's slot and counts a connection
 		// failure (ejection after 3) when the request ends.
 		b = append(b, "        log_by_lua_block {\n            require(\""+LuaModule+"\").log("...)

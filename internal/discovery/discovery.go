@@ -251,6 +251,7 @@ func NormalizeSnapshot(s compiler.Snapshot) compiler.Snapshot {
 	s.Backends = endpoints.Normalize(s.Backends)
 	s.CartPods = endpoints.Normalize(s.CartPods)
 	s.NginxPods = endpoints.Normalize(s.NginxPods)
+	s.CanaryBackends = endpoints.Normalize(s.CanaryBackends)
 	return s
 }
 

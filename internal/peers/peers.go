@@ -17,13 +17,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
-// Format is the table format this release writes and reads. A later format
-// (weighted splits between model versions, say) gets the next number; a
-// reader refuses a format it does not know rather than guess.
+// Format is the table format of a route without a canary. A reader
+// refuses a format it does not know rather than guess.
 const Format = 1
+
+// FormatCanary is the format of a table with a canary (Table.Canary): a
+// route split between two model versions. A table without one stays
+// Format, byte for byte as before the canary existed.
+const FormatCanary = 2
 
 // Annotation on the consumer's routes ConfigMap declares that its engine
 // takes peers dynamically ("true"): only then does the controller render
@@ -76,6 +81,26 @@ type Table struct {
 	Version string `json:"version"`
 	// Tiers are the route's peer tiers, highest priority first.
 	Tiers []Tier `json:"tiers"`
+	// Canary is the route's second model version (format 2 only): the
+	// split's weight and keys and the canary's tiers.
+	Canary *Canary `json:"canary,omitempty"`
+}
+
+// Canary is the canary version of a route: the percent of sessions (and
+// of keyless requests) it serves, the request keys that choose a
+// request's version, and its tiers.
+type Canary struct {
+	// Weight is 0–100 percent.
+	Weight int32 `json:"weight"`
+	// StickyHeader carries the session key.
+	StickyHeader string `json:"sticky_header"`
+	// OverrideHeader names the version to serve (stable or canary).
+	OverrideHeader string `json:"override_header"`
+	// StickyCookie is the session cookie the route sets and reads.
+	StickyCookie string `json:"sticky_cookie"`
+	// Tiers are the canary's tiers (as Table.Tiers; a tier may have no
+	// peer).
+	Tiers []Tier `json:"tiers"`
 }
 
 // Tier is one peer group, as the route file's register_route tiers.
@@ -99,23 +124,51 @@ type Peer struct {
 	Port int32  `json:"port"`
 }
 
-// Peers is the number of peers over all tiers.
+// Peers is the number of peers over all tiers, the canary's included.
 func (t Table) Peers() int {
 	n := 0
 	for _, tr := range t.Tiers {
 		n += len(tr.Peers)
 	}
+	if t.Canary != nil {
+		for _, tr := range t.Canary.Tiers {
+			n += len(tr.Peers)
+		}
+	}
 	return n
 }
 
-// version is the Version of tiers.
-func version(tiers []Tier) (string, error) {
-	b, err := json.Marshal(tiers)
+// version is the Version of a table: of its tiers' JSON (format 1), or,
+// with a canary, of the JSON of {"tiers":…,"canary":…}, so a change of
+// the weight alone is a new version.
+func version(tiers []Tier, canary *Canary) (string, error) {
+	var b []byte
+	var err error
+	if canary == nil {
+		b, err = json.Marshal(tiers)
+	} else {
+		b, err = json.Marshal(struct {
+			Tiers  []Tier  `json:"tiers"`
+			Canary *Canary `json:"canary"`
+		}{tiers, canary})
+	}
 	if err != nil {
 		return "", err
 	}
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:8]), nil
+}
+
+func fillPeers(tiers []Tier) []Tier {
+	if tiers == nil {
+		tiers = []Tier{}
+	}
+	for i := range tiers {
+		if tiers[i].Peers == nil {
+			tiers[i].Peers = []Peer{}
+		}
+	}
+	return tiers
 }
 
 // Encode is the table's file content: Format and Version set, JSON on one
@@ -124,19 +177,21 @@ func (t Table) Encode() ([]byte, error) {
 	if t.Route == "" {
 		return nil, errors.New("peers table: empty route")
 	}
-	if t.Tiers == nil {
-		t.Tiers = []Tier{}
-	}
-	for i := range t.Tiers {
-		if t.Tiers[i].Peers == nil {
-			t.Tiers[i].Peers = []Peer{}
+	t.Tiers = fillPeers(t.Tiers)
+	t.Format = Format
+	if t.Canary != nil {
+		if t.Canary.Weight < 0 || t.Canary.Weight > 100 {
+			return nil, fmt.Errorf("peers table %s: canary weight %d is not 0-100", t.Route, t.Canary.Weight)
 		}
+		c := *t.Canary
+		c.Tiers = fillPeers(slices.Clone(c.Tiers))
+		t.Canary, t.Format = &c, FormatCanary
 	}
-	v, err := version(t.Tiers)
+	v, err := version(t.Tiers, t.Canary)
 	if err != nil {
 		return nil, err
 	}
-	t.Format, t.Version = Format, v
+	t.Version = v
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -156,20 +211,29 @@ func Parse(b []byte) (Table, error) {
 	if err := dec.Decode(&t); err != nil {
 		return Table{}, fmt.Errorf("peers table: %w", err)
 	}
-	if t.Format != Format {
-		return Table{}, fmt.Errorf("peers table: format %d is not %d, the one this release reads", t.Format, Format)
+	switch {
+	case t.Format == Format && t.Canary != nil:
+		return Table{}, errors.New("peers table: format 1 has no canary (a table with one is format 2)")
+	case t.Format == FormatCanary && t.Canary == nil:
+		return Table{}, errors.New("peers table: format 2 without a canary")
+	case t.Format != Format && t.Format != FormatCanary:
+		return Table{}, fmt.Errorf("peers table: format %d is neither %d nor %d, the ones this release reads", t.Format, Format, FormatCanary)
 	}
 	if t.Route == "" {
 		return Table{}, errors.New("peers table: no route")
 	}
-	for i, tr := range t.Tiers {
-		for j, p := range tr.Peers {
-			if p.Host == "" || p.Port < 1 || p.Port > 65535 {
-				return Table{}, fmt.Errorf("peers table %s: tiers[%d].peers[%d]: host %q port %d is not an address", t.Route, i, j, p.Host, p.Port)
-			}
+	if err := checkPeers(t.Route, "tiers", t.Tiers); err != nil {
+		return Table{}, err
+	}
+	if c := t.Canary; c != nil {
+		if c.Weight < 0 || c.Weight > 100 {
+			return Table{}, fmt.Errorf("peers table %s: canary weight %d is not 0-100", t.Route, c.Weight)
+		}
+		if err := checkPeers(t.Route, "canary.tiers", c.Tiers); err != nil {
+			return Table{}, err
 		}
 	}
-	want, err := version(t.Tiers)
+	want, err := version(t.Tiers, t.Canary)
 	if err != nil {
 		return Table{}, err
 	}
@@ -177,4 +241,15 @@ func Parse(b []byte) (Table, error) {
 		return Table{}, fmt.Errorf("peers table %s: version %q does not match its tiers (%s)", t.Route, t.Version, want)
 	}
 	return t, nil
+}
+
+func checkPeers(route, where string, tiers []Tier) error {
+	for i, tr := range tiers {
+		for j, p := range tr.Peers {
+			if p.Host == "" || p.Port < 1 || p.Port > 65535 {
+				return fmt.Errorf("peers table %s: %s[%d].peers[%d]: host %q port %d is not an address", route, where, i, j, p.Host, p.Port)
+			}
+		}
+	}
+	return nil
 }

@@ -46,6 +46,14 @@
 --     state; with ?strings=hex every string (keys too) is hex-encoded, so
 --     arbitrary bytes (NUL, invalid UTF-8) survive JSON exactly. A dynamic
 --     route adds dynamic = true, the table's version and serial;
+--   * canary routes (docs/lua-contract.md, "Canary"): register_route's
+--     fourth argument or a format 2 peers table's canary; each request's
+--     version (stable or canary) from the override header, else the CRC-32
+--     bucket of the sticky header or cookie, else an exact weighted draw
+--     (the response sets the sticky cookie); a version without a live
+--     peer falls through to the other (counted); header() sets
+--     X-Model-Version; counters in /_status and GET /canary/<route> on the
+--     control socket;
 --   * option kind = "video" (dynamic video routes): a plain proxy, so no
 --     engine endpoint (/_status, /_tps_status go to the backend); tiers of
 --     the highest priority form one primary group (nginx's non-backup
@@ -70,7 +78,8 @@
 -- shared dict (they are released only by the log phase).
 --
 -- No request header is read for peer choice: peers come only from
--- register_route or the peers table.
+-- register_route or the peers table. A canary route's split headers and
+-- cookie choose between its two versions only (hashed, never evaluated).
 local cjson = require("cjson.safe")
 
 local M = {}
@@ -232,17 +241,12 @@ local function is_array(v)
   return true
 end
 
--- check_table validates a decoded peers table (format 1) for route; nil
--- when it is sound, else the reason.
-local function check_table(t, route)
-  if type(t) ~= "table" then return "not a JSON object" end
-  if t.format ~= 1 then return "unknown format " .. cjson.encode(t.format or cjson.null) .. " (this engine reads format 1)" end
-  if type(t.route) ~= "string" or t.route == "" then return "no route" end
-  if t.route ~= route then return "a table of route " .. cjson.encode(t.route) .. " for route " .. cjson.encode(route) end
-  if type(t.version) ~= "string" or t.version == "" then return "no version" end
-  if not is_array(t.tiers) then return "tiers is not an array" end
-  for i, tr in ipairs(t.tiers) do
-    local where = "tiers[" .. (i - 1) .. "]"
+-- check_tiers validates a decoded tiers array; nil when it is sound,
+-- else the reason (where names it).
+local function check_tiers(tiers, where0)
+  if not is_array(tiers) then return where0 .. " is not an array" end
+  for i, tr in ipairs(tiers) do
+    local where = where0 .. "[" .. (i - 1) .. "]"
     if type(tr) ~= "table" then return where .. " is not an object" end
     if type(tr.use) ~= "string" or tr.use == "" then return where .. ".use is not a string" end
     if type(tr.priority) ~= "number" then return where .. ".priority is not a number" end
@@ -264,6 +268,32 @@ local function check_table(t, route)
   return nil
 end
 
+-- check_table validates a decoded peers table (format 1, or format 2: a
+-- canary) for route; nil when it is sound, else the reason.
+local function check_table(t, route)
+  if type(t) ~= "table" then return "not a JSON object" end
+  if t.format ~= 1 and t.format ~= 2 then
+    return "unknown format " .. cjson.encode(t.format or cjson.null) .. " (this engine reads formats 1 and 2)"
+  end
+  if type(t.route) ~= "string" or t.route == "" then return "no route" end
+  if t.route ~= route then return "a table of route " .. cjson.encode(t.route) .. " for route " .. cjson.encode(route) end
+  if type(t.version) ~= "string" or t.version == "" then return "no version" end
+  local err = check_tiers(t.tiers, "tiers")
+  if err then return err end
+  local c = t.canary
+  if t.format == 1 then
+    if c ~= nil then return "format 1 has no canary (a table with one is format 2)" end
+    return nil
+  end
+  if type(c) ~= "table" then return "format 2 without a canary object" end
+  local w = c.weight
+  if type(w) ~= "number" or w ~= math.floor(w) or w < 0 or w > 100 then return "canary.weight is not a whole number from 0 to 100" end
+  for _, k in ipairs({ "sticky_header", "override_header", "sticky_cookie" }) do
+    if c[k] ~= nil and type(c[k]) ~= "string" then return "canary." .. k .. " is not a string" end
+  end
+  return check_tiers(c.tiers, "canary.tiers")
+end
+
 -- decode_table: the table of JSON text for route, or nil and the reason.
 local function decode_table(text, route)
   local t, err = cjson.decode(text)
@@ -277,13 +307,14 @@ local function decode_table(text, route)
   return t
 end
 
--- build makes the engine's tiers of a checked table: the same shape
--- register_route receives (max_concurrency 0 and an empty probe_path are
--- absent; the decoded peer objects are used as they are), the identities
--- of its peers, their count, and whether a tier has a probe path.
-local function build(t)
-  local tiers, members, n, has_probe = {}, {}, 0, false
-  for i, tr in ipairs(t.tiers) do
+-- build_tiers makes the engine's tiers of a checked tiers array: the same
+-- shape register_route receives (max_concurrency 0 and an empty
+-- probe_path are absent; the decoded peer objects are used as they are);
+-- it adds their identities to members and returns the tiers, their peer
+-- count and whether a tier has a probe path.
+local function build_tiers(in_tiers, members)
+  local tiers, n, has_probe = {}, 0, false
+  for i, tr in ipairs(in_tiers) do
     local x = { use = tr.use, priority = tr.priority, peers = tr.peers }
     if tr.max_concurrency and tr.max_concurrency > 0 then
       x.max_concurrency = tr.max_concurrency
@@ -298,7 +329,122 @@ local function build(t)
     n = n + #x.peers
     tiers[i] = x
   end
-  return tiers, members, n, has_probe
+  return tiers, n, has_probe
+end
+
+-- build makes the engine's tiers of a checked table, the identities of
+-- its peers (the canary's too), their count, whether a tier has a probe
+-- path, and the canary's tiers (nil without a canary).
+local function build(t)
+  local members = {}
+  local tiers, n, has_probe = build_tiers(t.tiers, members)
+  local ctiers
+  if type(t.canary) == "table" then
+    local cn, cp
+    ctiers, cn, cp = build_tiers(t.canary.tiers, members)
+    n, has_probe = n + cn, has_probe or cp
+  end
+  return tiers, members, n, has_probe, ctiers
+end
+
+-- ---------------------------------------------------------------------
+-- Canary split (docs/lua-contract.md, "Canary"): a route with a canary
+-- serves each request from one of two versions, "stable" (the route's
+-- tiers) or "canary" (the canary's tiers), chosen in this order: the
+-- override header (only the values "stable" and "canary"; any other value
+-- is ignored); else the session key, the sticky header or else the sticky
+-- cookie, hashed into one of BUCKETS buckets (ngx.crc32_long(key) %
+-- BUCKETS: the same in every worker and after every reload), canary when
+-- the bucket is below weight * BUCKETS / 100 (raising the weight only adds
+-- buckets to the canary, lowering it only removes them); else (no key) an
+-- exact weighted draw from a counter in the route's dict: the n-th keyless
+-- request is canary when floor(n * w / 100) > floor((n - 1) * w / 100).
+-- A keyless request's response sets the sticky cookie to
+-- "<bucket>.<random hex>" with a bucket of the version drawn, which the
+-- cookie's next requests read back as their bucket. A cookie of any other
+-- form is a key like the header's (hashed). Header values are never
+-- evaluated: only hashed, compared or parsed as digits.
+local BUCKETS = 10000
+
+-- Keys of the split's counters in the route's dict.
+local K_DRAWS = "canary|draws"
+local K_SERVED = { stable = "canary|served|stable", canary = "canary|served|canary" }
+local K_FELL = { stable = "canary|fallthrough|stable", canary = "canary|fallthrough|canary" }
+local OTHER = { stable = "canary", canary = "stable" }
+
+-- header_var: the nginx variable of a request header (http_<name>, lower
+-- case, '-' as '_'); nil for a name that is not a header token.
+local function header_var(name, default)
+  if type(name) ~= "string" or name == "" then name = default end
+  if not string.match(name, "^[%w%-_]+$") then return nil end
+  return "http_" .. (string.gsub(string.lower(name), "-", "_"))
+end
+
+-- make_canary: the split of a route from a canary description (the
+-- register_route canary argument, or a peers table's canary) and its
+-- built tiers.
+local function make_canary(c, tiers)
+  local w = clamp(math.floor(num(c.weight, 0)), 0, 100)
+  local cookie = c.sticky_cookie
+  if type(cookie) ~= "string" or cookie == "" then cookie = "autoconfig-session" end
+  if not string.match(cookie, "^[%w!#$%%&'*+%-.^_`|~]+$") then cookie = "autoconfig-session" end
+  return {
+    weight = w, band = w * BUCKETS / 100, tiers = tiers,
+    sticky_header = c.sticky_header or "x-session-id",
+    override_header = c.override_header or "x-model-version",
+    sticky_cookie = cookie,
+    override_var = header_var(c.override_header, "x-model-version"),
+    sticky_var = header_var(c.sticky_header, "x-session-id"),
+    cookie_var = "cookie_" .. cookie,
+    cookie_attrs = "; Path=/; HttpOnly; SameSite=Lax",
+  }
+end
+
+local seeded = false
+
+-- cookie_for: a sticky cookie whose bucket is in version v's band.
+local function cookie_for(c, v)
+  if not seeded then
+    seeded = true
+    math.randomseed(ngx.worker.pid() * 1000003 + math.floor(ngx.now() * 1000) % 1000003)
+  end
+  local bucket
+  if v == "canary" then
+    bucket = math.random(0, c.band - 1)
+  else
+    bucket = math.random(c.band, BUCKETS - 1)
+  end
+  return c.sticky_cookie .. "=" .. bucket .. "." .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
+end
+
+-- choose: the version a request asks for, and true when it had no key
+-- (its response sets the sticky cookie).
+local function choose(r, c)
+  local var = ngx.var
+  local ov = c.override_var and var[c.override_var]
+  if ov == "stable" or ov == "canary" then
+    return ov, false
+  end
+  local bucket
+  local key = c.sticky_var and var[c.sticky_var]
+  if key ~= nil and key ~= "" then
+    bucket = ngx.crc32_long(key) % BUCKETS
+  else
+    key = var[c.cookie_var]
+    if key ~= nil and key ~= "" then
+      local b = string.match(key, "^(%d%d?%d?%d?)%.%x+$")
+      bucket = b and tonumber(b) or ngx.crc32_long(key) % BUCKETS
+    end
+  end
+  if bucket then
+    return bucket < c.band and "canary" or "stable", false
+  end
+  local w = c.weight
+  local n = r.store:incr(K_DRAWS, 1, 0)
+  if not n then
+    return math.random() * 100 < w and "canary" or "stable", true
+  end
+  return math.floor(n * w / 100) > math.floor((n - 1) * w / 100) and "canary" or "stable", true
 end
 
 local probe
@@ -361,10 +507,18 @@ local function new_route(route, options, tiers)
   return r, prev
 end
 
-function M.register_route(route, options, tiers)
+-- register_route: canary (optional) is the route's second version,
+-- { weight, sticky_header, override_header, sticky_cookie, tiers }.
+function M.register_route(route, options, tiers, canary)
   local r, prev = new_route(route, options, tiers)
   for _, t in ipairs(r.tiers) do
     r.has_probe = r.has_probe or type(t.probe_path) == "string"
+  end
+  if type(canary) == "table" then
+    r.canary = make_canary(canary, type(canary.tiers) == "table" and canary.tiers or {})
+    for _, t in ipairs(r.canary.tiers) do
+      r.has_probe = r.has_probe or type(t.probe_path) == "string"
+    end
   end
   if not prev then
     start_probe(r)
@@ -452,15 +606,17 @@ local function sync(r)
   -- Only checked tables are stored (a push's, a seed's): decoded, not
   -- checked again (the check costs a quarter of the decode).
   local text = dict:get(K_TABLE)
-  local ok, tiers, members, npeers, has_probe
+  local ok, tiers, members, npeers, has_probe, ctiers
+  local t
   if text == nil then
     tiers = "version " .. tostring(v) .. " stored without a table"
   else
-    local t, err = cjson.decode(text)
+    local err
+    t, err = cjson.decode(text)
     if type(t) ~= "table" or t.route ~= r.name then
       tiers = "not a table of this route: " .. tostring(err)
     else
-      ok, tiers, members, npeers, has_probe = pcall(build, t)
+      ok, tiers, members, npeers, has_probe, ctiers = pcall(build, t)
     end
   end
   if not ok then
@@ -471,6 +627,7 @@ local function sync(r)
     return
   end
   r.tiers, r.members, r.npeers, r.has_probe = tiers, members, npeers, has_probe
+  r.canary = ctiers and make_canary(t.canary, ctiers) or nil
   r.version = v
 end
 
@@ -481,6 +638,46 @@ local function out_of_pick(r, t, p) return ejected(r, t, p) or unhealthy(r, t, p
 
 local function has_slot(r, t, p)
   return t.max_concurrency == nil or active(r, t, p) < t.max_concurrency
+end
+
+-- tiers_of: the tiers of version v of route r (the route's own tiers
+-- unless v is "canary").
+local function tiers_of(r, v)
+  if v == "canary" and r.canary then
+    return r.canary.tiers
+  end
+  return r.tiers
+end
+
+-- live: whether tiers have a peer in the pick (not ejected, not
+-- unhealthy).
+local function live(r, tiers)
+  for _, t in ipairs(tiers) do
+    for _, p in ipairs(t.peers) do
+      if not out_of_pick(r, t, p) then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+-- split chooses the request's version (choose) and falls through to the
+-- other version when the chosen one has no live peer and the other has;
+-- it records the version (and the fallthrough, and the cookie to set) in
+-- ngx.ctx and returns the version's tiers.
+local function split(r, ctx)
+  local c = r.canary
+  local v, keyless = choose(r, c)
+  if keyless then
+    ctx.autoconfig_cookie = cookie_for(c, v)
+  end
+  if not live(r, tiers_of(r, v)) and live(r, tiers_of(r, OTHER[v])) then
+    ctx.autoconfig_fell = v
+    v = OTHER[v]
+  end
+  ctx.autoconfig_version = v
+  return tiers_of(r, v)
 end
 
 -- best_in_tier returns tier t's untried peer with the fewest active
@@ -505,8 +702,8 @@ local function best_in_tier(r, t, tried, ignore_out)
   return best, best_free, best_active
 end
 
--- pick returns tier and peer (the objects) for the next try: the best
--- usable untried peer of the first tier that has one. When every peer is
+-- pick returns tier and peer (the objects) for the next try from tiers
+-- (the route's, or its canary's): the best usable untried peer of the first tier that has one. When every peer is
 -- out of the pick, the first tier with an untried peer is used anyway (a
 -- request is never failed for ejection alone), except below a FailClose
 -- cart tier. Tier and peer come from one look at each peer: the shared
@@ -514,9 +711,8 @@ end
 -- a tier chosen by one look with its peer chosen by another could have
 -- none. A video route picks from its tiers of equal priority as one group
 -- (nginx's primary servers are one pool).
-local function pick(r, tried)
+local function pick(r, tried, tiers)
   r.rr = r.rr + 1
-  local tiers = r.tiers
   local nt = #tiers
   for pass = 1, 2 do
     local i = 1
@@ -610,9 +806,9 @@ local function answer_json(v)
   return ngx.exit(200)
 end
 
-local function status(r)
+local function tier_state(r, tiers)
   local state = {}
-  for ti, t in ipairs(r.tiers) do
+  for ti, t in ipairs(tiers) do
     local peers = {}
     for pi, p in ipairs(t.peers) do
       peers[pi] = {
@@ -627,6 +823,21 @@ local function status(r)
     end
     state[ti] = { use = t.use, peers = peers }
   end
+  return state
+end
+
+-- split_counts: a canary route's counters (the route's dict: every
+-- worker's requests).
+local function split_counts(store)
+  return {
+    requests = { stable = store:get(K_SERVED.stable) or 0, canary = store:get(K_SERVED.canary) or 0 },
+    fallthrough = { stable = store:get(K_FELL.stable) or 0, canary = store:get(K_FELL.canary) or 0 },
+    draws = store:get(K_DRAWS) or 0,
+  }
+end
+
+local function status(r)
+  local state = tier_state(r, r.tiers)
   local out = {
     route = r.name, options = r.options, tiers = r.tiers,
     registrations = r.registrations, pid = ngx.worker.pid(),
@@ -635,7 +846,17 @@ local function status(r)
   if r.dynamic then
     out.dynamic, out.version, out.serial = true, r.version, r.store:get(K_SERIAL)
   end
+  local c = r.canary
+  if c then
+    local counts = split_counts(r.store)
+    out.canary = {
+      weight = c.weight, sticky_header = c.sticky_header, override_header = c.override_header,
+      sticky_cookie = c.sticky_cookie, tiers = c.tiers, state = tier_state(r, c.tiers),
+      requests = counts.requests, fallthrough = counts.fallthrough, draws = counts.draws,
+    }
+  end
   if ngx.var.arg_strings == "hex" then
+    if out.canary then out.canary = hexify(out.canary) end
     out.route, out.options, out.tiers, out.state = hex(r.name), hexify(r.options), hexify(r.tiers), hexify(state)
     if out.version then out.version = hex(out.version) end
   end
@@ -687,6 +908,10 @@ function M.access(route)
       return refuse(503, "route ", route, ": the peers table version ", r.version, " has no peer")
     end
   end
+  local tiers = r.tiers
+  if r.canary then
+    tiers = split(r, ngx.ctx)
+  end
   if not r.admission then
     return
   end
@@ -697,7 +922,7 @@ function M.access(route)
   -- refused for an ejection alone: TestNginxReferenceConf's rare 1/150).
   -- When no peer is in the pick the request is admitted, and balance's
   -- second pass chooses (a request is never failed for ejection alone).
-  for _, t in ipairs(r.tiers) do
+  for _, t in ipairs(tiers) do
     local usable = false
     for _, p in ipairs(t.peers) do
       if not out_of_pick(r, t, p) then
@@ -733,8 +958,14 @@ function M.balance(route)
   if not tries then
     tries = {}
     ctx.autoconfig_tries = tries
-    if r.retry and r.max_tries > 1 then
-      local ok, err = balancer.set_more_tries(r.max_tries - 1)
+    -- A canary route has one more try: the fallthrough to the other
+    -- version after a connection failure.
+    local more = (r.retry and r.max_tries or 1) - 1
+    if r.canary then
+      more = more + 1
+    end
+    if more > 0 then
+      local ok, err = balancer.set_more_tries(more)
       if not ok then
         ngx.log(ngx.ERR, "set_more_tries: ", err)
       end
@@ -754,7 +985,24 @@ function M.balance(route)
   for _, x in ipairs(tries) do
     tried[x.key] = true
   end
-  local t, p = pick(r, tried)
+  local v = ctx.autoconfig_version
+  local t, p
+  if v and r.canary then
+    -- A retry of a route that does not retry (the canary's extra try)
+    -- goes to the other version; a retrying route's retries stay in the
+    -- version while it has an untried peer.
+    if #tries == 0 or (r.retry and #tries < r.max_tries) then
+      t, p = pick(r, tried, tiers_of(r, v))
+    end
+    if not t and not ctx.autoconfig_fell then
+      ctx.autoconfig_fell = v
+      v = OTHER[v]
+      ctx.autoconfig_version = v
+      t, p = pick(r, tried, tiers_of(r, v))
+    end
+  else
+    t, p = pick(r, tried, r.tiers)
+  end
   if not t then
     ngx.log(ngx.ERR, "route ", route, ": no peer left to try")
     return ngx.exit(502)
@@ -784,7 +1032,16 @@ function M.log(route)
   if r then
     r.log_seen = true
   end
-  local tries = ngx.ctx.autoconfig_tries
+  local ctx = ngx.ctx
+  local v = ctx.autoconfig_version
+  if r and v then
+    r.store:incr(K_SERVED[v], 1, 0)
+    local fell = ctx.autoconfig_fell
+    if fell then
+      r.store:incr(K_FELL[fell], 1, 0)
+    end
+  end
+  local tries = ctx.autoconfig_tries
   if not r or not tries then
     return
   end
@@ -802,6 +1059,31 @@ function M.log(route)
     connect_failed(r, t, p)
   else
     r.store:set(pkey("f", t, p), 0)
+  end
+end
+
+-- header is the header filter of a canary route's file: X-Model-Version
+-- names the version that served (after a fallthrough, the other one), and
+-- a keyless request's response sets the sticky cookie (beside any cookie
+-- the backend sets).
+function M.header(route)
+  local ctx = ngx.ctx
+  local v = ctx.autoconfig_version
+  if not v then
+    return
+  end
+  ngx.header["X-Model-Version"] = v
+  local ck = ctx.autoconfig_cookie
+  if ck then
+    local cur = ngx.header["Set-Cookie"]
+    if cur == nil then
+      ngx.header["Set-Cookie"] = ck
+    elseif type(cur) == "table" then
+      cur[#cur + 1] = ck
+      ngx.header["Set-Cookie"] = cur
+    else
+      ngx.header["Set-Cookie"] = { cur, ck }
+    end
   end
 end
 
@@ -830,7 +1112,13 @@ probe = function(premature, route)
   if r.dynamic then
     sync(r)
   end
-  for _, t in ipairs(r.tiers) do
+  local all = r.tiers
+  if r.canary then
+    all = {}
+    for _, t in ipairs(r.tiers) do all[#all + 1] = t end
+    for _, t in ipairs(r.canary.tiers) do all[#all + 1] = t end
+  end
+  for _, t in ipairs(all) do
     -- A path that cannot go into a request line as is (space, control or
     -- non-ASCII byte) is not probed.
     if type(t.probe_path) == "string" and string.match(t.probe_path, "^/[%w%p]*$") then
@@ -901,6 +1189,11 @@ local function peer_count(t)
   for _, tr in ipairs(t.tiers) do
     n = n + #tr.peers
   end
+  if type(t.canary) == "table" and is_array(t.canary.tiers) then
+    for _, tr in ipairs(t.canary.tiers) do
+      n = n + #tr.peers
+    end
+  end
   return n
 end
 
@@ -945,7 +1238,13 @@ local function forget(dict, old_text, members)
   if type(old) ~= "table" or not is_array(old.tiers) then
     return
   end
-  for _, tr in ipairs(old.tiers) do
+  local all = old.tiers
+  if type(old.canary) == "table" and is_array(old.canary.tiers) then
+    all = {}
+    for _, tr in ipairs(old.tiers) do all[#all + 1] = tr end
+    for _, tr in ipairs(old.canary.tiers) do all[#all + 1] = tr end
+  end
+  for _, tr in ipairs(all) do
     if type(tr) == "table" and type(tr.use) == "string" and is_array(tr.peers) then
       for _, p in ipairs(tr.peers) do
         if type(p) == "table" and p.host ~= nil and p.port ~= nil then
@@ -1080,6 +1379,21 @@ function M.control()
     end
     -- json() writes an empty table as {}.
     return control_answer(200, { routes = out })
+  end
+  local sroute = string.match(uri, "^/canary/([^/]+)$")
+  if sroute then
+    -- A canary route's counters (its dict), also for a video route, whose
+    -- own paths are the backend's.
+    local dict = route_dict(sroute)
+    if method ~= "GET" then
+      return control_error(405, "GET /canary/<route>")
+    end
+    if not dict then
+      return control_error(404, "no lua_shared_dict named " .. sroute)
+    end
+    local out = split_counts(dict)
+    out.route = sroute
+    return control_answer(200, out)
   end
   local route = string.match(uri, "^/peers/([^/]+)$")
   if not route then
