@@ -205,6 +205,18 @@ func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, ar
 		}
 		return ctrl.Result{}, fmt.Errorf("get route: %w", err)
 	}
+	route, err := r.currentRoute(ctx, route)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// Every write below (finalizer, status) leaves route at the
+	// resourceVersion it produced: the next reconcile's read must show it.
+	read := route.ResourceVersion
+	defer func() {
+		if route.ResourceVersion != read {
+			r.Routes.writes.set(key, route.ResourceVersion)
+		}
+	}()
 	if !route.DeletionTimestamp.IsZero() {
 		if arrive != nil {
 			arrive() // its removals are writes too
@@ -217,6 +229,35 @@ func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, ar
 	orig := route.DeepCopy()
 	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
 	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive})
+}
+
+// currentRoute is the cached route, or the live one when the cache has not
+// caught up with our last write of it (routeWrites): the status patch is
+// computed against the route it reads, and a stale one would leave out the
+// fields the stale copy already shows as wanted.
+func (r *Reconciler) currentRoute(ctx context.Context, cached *v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error) {
+	key := client.ObjectKeyFromObject(cached)
+	rv := r.Routes.writes.get(key)
+	if rv == "" || rv == cached.ResourceVersion || r.APIReader == nil {
+		return cached, nil
+	}
+	live := &v1alpha1.ModelRoute{}
+	if err := r.APIReader.Get(ctx, key, live); err != nil {
+		if apierrors.IsNotFound(err) {
+			return cached, nil // going: the cache learns it next
+		}
+		return nil, fmt.Errorf("get route around the cache: %w", err)
+	}
+	if live.ResourceVersion == cached.ResourceVersion {
+		// The cache has caught up (someone wrote the route after us).
+		r.Routes.writes.set(key, "")
+		return cached, nil
+	}
+	// The cache is behind: until it shows this version, read around it.
+	r.Routes.writes.set(key, live.ResourceVersion)
+	ctrl.LoggerFrom(ctx).V(levelDebug).Info("the cached route is behind our last write of it; read around the cache",
+		"cached", cached.ResourceVersion, "live", live.ResourceVersion)
+	return live, nil
 }
 
 // patchStatus writes status once, only when it changed, and emits an event

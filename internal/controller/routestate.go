@@ -29,6 +29,7 @@ type RouteState struct {
 	changes  changeLog
 	applied  appliedTracker
 	reports  reportCache
+	writes   routeWrites
 }
 
 // NewRouteState returns an empty RouteState.
@@ -42,6 +43,7 @@ func (s *RouteState) Forget(key types.NamespacedName) {
 	s.waiting.set(key, nil)
 	s.changes.forget(key)
 	s.applied.forget(key)
+	s.writes.set(key, "")
 	forgetRouteSeries(key.Namespace, key.Name)
 }
 
@@ -171,4 +173,38 @@ func (w *waitSet) on(cm string) []types.NamespacedName {
 		out = append(out, r)
 	}
 	return out
+}
+
+// routeWrites remembers, per route, the resourceVersion our last write of
+// the route (finalizer, status) produced, or the newest one a read around
+// the cache returned. The cache learns of that write a moment later: a
+// reconcile in between would read the route as it was before it, and a
+// status patch computed against that stale copy leaves out every field
+// the stale copy already shows as wanted, however the live route differs
+// (Applied True over a live Synced 0/1 that stayed). A cached route
+// with another resourceVersion is read around the cache (currentRoute).
+type routeWrites struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]string
+}
+
+// get is the resourceVersion recorded for route ("" for none).
+func (w *routeWrites) get(route types.NamespacedName) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.m[route]
+}
+
+// set records rv for route; "" forgets it.
+func (w *routeWrites) set(route types.NamespacedName, rv string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if rv == "" {
+		delete(w.m, route)
+		return
+	}
+	if w.m == nil {
+		w.m = map[types.NamespacedName]string{}
+	}
+	w.m[route] = rv
 }
