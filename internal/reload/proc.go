@@ -108,6 +108,38 @@ func FindTarget(procs []Process, match string, self int) (Process, error) {
 	}
 }
 
+// shuttingDownTitle is what an nginx worker's process title says once it
+// got the master's QUIT after a reload ("nginx: worker process is
+// shutting down"); it sets it as it closes its listening sockets, so from
+// then on only the new workers accept connections.
+const shuttingDownTitle = "shutting down"
+
+// Accepting returns those of pids that are still live children of pid
+// and not shutting down (by their process title): after a reload, the
+// old workers that may still accept a new connection.
+func Accepting(procRoot string, pid int, pids []int) []int {
+	fs, err := procfs.NewFS(procRoot)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, c := range Children(procRoot, pid) {
+		if !slices.Contains(pids, c) {
+			continue
+		}
+		p, err := fs.Proc(c)
+		if err != nil {
+			continue
+		}
+		argv, err := p.CmdLine()
+		if err != nil || strings.Contains(strings.Join(argv, " "), shuttingDownTitle) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // Children returns the live (non-zombie) children of pid, sorted.
 func Children(procRoot string, pid int) []int {
 	all, _ := allProcs(procRoot)

@@ -455,20 +455,40 @@ func (r *Reloader) targetPID() int {
 // reload takes tens to hundreds of milliseconds.
 const verifyPoll = 10 * time.Millisecond
 
+// waitNewChild waits for a child of pid that is not in before: the
+// reload took. Then, still within --verify-timeout, it waits until none
+// of the old children accepts connections any more (each is gone or
+// shutting down, Accepting), plus one poll: nginx starts the new workers
+// before it tells the old ones to quit, and until they have, a new
+// connection may still reach the old configuration — the served report
+// would name a content some requests do not get yet. An old child that
+// never says so only delays the report to the timeout; the reload is a
+// success either way.
 func (r *Reloader) waitNewChild(ctx context.Context, pid int, before []int) bool {
 	ctx, cancel := context.WithTimeout(ctx, r.opts.VerifyTimeout)
 	defer cancel()
 	t := time.NewTicker(verifyPoll)
 	defer t.Stop()
+	took := false
 	for {
-		for _, c := range Children(r.opts.ProcRoot, pid) {
-			if !slices.Contains(before, c) {
-				return true
+		if !took {
+			for _, c := range Children(r.opts.ProcRoot, pid) {
+				if !slices.Contains(before, c) {
+					took = true
+					break
+				}
 			}
+		}
+		if took && len(Accepting(r.opts.ProcRoot, pid, before)) == 0 {
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return took
 		case <-t.C:
 		}
 	}
