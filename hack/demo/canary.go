@@ -9,10 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // The canary scene: a second model version (qwen-v2, its own Service)
@@ -56,12 +55,16 @@ func (d *demo) canary(ctx context.Context) error {
 	if err := d.patchRoute(ctx, patch); err != nil {
 		return err
 	}
-	if err := d.waitFor(ctx, "route qwen reports its canary backends", func() (bool, error) {
-		var rt v1alpha1.ModelRoute
-		if err := d.c.Get(ctx, client.ObjectKey{Namespace: routeNS, Name: llmRoute}, &rt); err != nil {
+	if err := d.waitFor(ctx, "route qwen reports its canary backends and nginx serves it", func() (bool, error) {
+		n, current, err := d.canaryStatus(ctx)
+		if err != nil || !current || n != int64(len(v2)) {
 			return false, err
 		}
-		return rt.Status.CanaryBackends == int32(len(v2)) && rt.Status.ObservedGeneration == rt.Generation, nil
+		if d.nginx == nil {
+			return true, nil
+		}
+		row, ok, err := d.route(ctx, llmRoute)
+		return ok && row.synced == "1/1", err
 	}); err != nil {
 		return err
 	}
@@ -69,12 +72,8 @@ func (d *demo) canary(ctx context.Context) error {
 		return err
 	}
 	if d.nginx != nil {
-		var res canaryResult
-		if err := d.waitFor(ctx, "nginx serves the canary", func() (bool, error) {
-			var err error
-			res, err = d.canarySessions(ctx)
-			return err == nil && res.canary > 0, err
-		}); err != nil {
+		res, err := d.canarySessions(ctx)
+		if err != nil {
 			return err
 		}
 		d.say("%d sessions × %d turns (header x-session-id) through nginx: %d sessions on the canary (%s), %d on stable; %d sessions changed version; %d requests failed",
@@ -88,18 +87,30 @@ func (d *demo) canary(ctx context.Context) error {
 		return err
 	}
 	return d.waitFor(ctx, "route qwen has one version again", func() (bool, error) {
-		var rt v1alpha1.ModelRoute
-		if err := d.c.Get(ctx, client.ObjectKey{Namespace: routeNS, Name: llmRoute}, &rt); err != nil {
-			return false, err
-		}
-		return rt.Status.CanaryBackends == 0 && rt.Status.ObservedGeneration == rt.Generation, nil
+		n, current, err := d.canaryStatus(ctx)
+		return current && n == 0, err
 	})
 }
 
+// canaryStatus reads the llm route's status.canaryBackends and whether the
+// status is of the route's current generation.
+func (d *demo) canaryStatus(ctx context.Context) (n int64, current bool, err error) {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(modelRouteGVK)
+	if err := d.c.Get(ctx, client.ObjectKey{Namespace: routeNS, Name: llmRoute}, u); err != nil {
+		return 0, false, err
+	}
+	n, _, _ = unstructured.NestedInt64(u.Object, "status", "canaryBackends")
+	gen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+	return n, gen == u.GetGeneration(), nil
+}
+
 func (d *demo) patchRoute(ctx context.Context, patch string) error {
-	rt := &v1alpha1.ModelRoute{}
-	rt.Namespace, rt.Name = routeNS, llmRoute
-	if err := d.c.Patch(ctx, rt, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(modelRouteGVK)
+	u.SetNamespace(routeNS)
+	u.SetName(llmRoute)
+	if err := d.c.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		return fmt.Errorf("patch route %s: %w", llmRoute, err)
 	}
 	return nil
@@ -136,6 +147,10 @@ func (d *demo) canarySessions(ctx context.Context) (canaryResult, error) {
 				continue
 			}
 			v := resp.Header.Get("X-Model-Version")
+			if v == "" {
+				res.failed++
+				continue
+			}
 			if first == "" {
 				first = v
 			} else if v != first {

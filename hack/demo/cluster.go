@@ -228,6 +228,7 @@ func (d *demo) applySamples(ctx context.Context) error {
 type routeRow struct {
 	ns, name           string
 	backends, cart     string
+	canary             string // spec.canary.weight
 	synced             string
 	ready, reason, msg string
 	age                string
@@ -248,6 +249,9 @@ func (d *demo) routes(ctx context.Context) ([]routeRow, error) {
 		}
 		if n, ok, _ := unstructured.NestedInt64(u.Object, "status", "cartPeers"); ok {
 			r.cart = strconv.FormatInt(n, 10)
+		}
+		if n, ok, _ := unstructured.NestedInt64(u.Object, "spec", "canary", "weight"); ok {
+			r.canary = strconv.FormatInt(n, 10)
 		}
 		r.synced, _, _ = unstructured.NestedString(u.Object, "status", "synced")
 		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")

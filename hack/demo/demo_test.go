@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,7 @@ func TestDemo(t *testing.T) {
 		"llm requests served by qwen-1, qwen-2, qwen-3, qwen-4 (",
 		"with qwen-2 refusing → llm requests served by qwen-1, qwen-3, qwen-4, 0 client failures",
 		"llm requests served by qwen-1 (",
+		"0 sessions changed version; 0 requests failed",
 		"done: every scene converged",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -76,9 +78,19 @@ func TestDemo(t *testing.T) {
 	}
 	// The route table shows which consumer pods serve the llm route's
 	// current file: nginx (openresty-0) does, once its sidecar reloaded.
-	if !regexp.MustCompile(`(?m)NAME\s+BACKENDS\s+CART\s+READY\s+SYNCED`).MatchString(out.String()) ||
+	if !regexp.MustCompile(`(?m)NAME\s+BACKENDS\s+CART\s+CANARY\s+READY\s+SYNCED`).MatchString(out.String()) ||
 		!regexp.MustCompile(`(?m)`+llmRoute+`\s+\d+\s+\d+\s+True\s+1/1\s`).MatchString(out.String()) {
 		t.Errorf("the route table does not show the llm route SYNCED 1/1")
+	}
+	// The canary scene: the table shows the weight, and the sessions
+	// split about 10 % to the canary without changing version.
+	if !regexp.MustCompile(`(?m)` + llmRoute + `\s+\d+\s+\d+\s+10\s+True\s+1/1\s`).MatchString(out.String()) {
+		t.Errorf("the route table does not show the llm route's canary weight 10")
+	}
+	if m := regexp.MustCompile(`through nginx: (\d+) sessions on the canary`).FindStringSubmatch(out.String()); m == nil {
+		t.Errorf("the canary scene sent no sessions")
+	} else if n, _ := strconv.Atoi(m[1]); n < canarySessions*canaryWeight/100/2 || n > canarySessions*canaryWeight/100*2 {
+		t.Errorf("%d of %d sessions on the canary at weight %d", n, canarySessions, canaryWeight)
 	}
 }
 

@@ -32,9 +32,9 @@ func (d *demo) table(ctx context.Context) error {
 	}
 	fmt.Fprintln(d.out, "\n    $ kubectl get mr -A")
 	tw := tabwriter.NewWriter(d.out, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "    NAMESPACE\tNAME\tBACKENDS\tCART\tREADY\tSYNCED\tAGE")
+	fmt.Fprintln(tw, "    NAMESPACE\tNAME\tBACKENDS\tCART\tCANARY\tREADY\tSYNCED\tAGE")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ns, r.name, r.backends, r.cart, r.ready, r.synced, r.age)
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ns, r.name, r.backends, r.cart, r.canary, r.ready, r.synced, r.age)
 	}
 	tw.Flush()
 	for _, r := range rows {
