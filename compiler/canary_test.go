@@ -87,7 +87,12 @@ func TestCanaryAbsentByteIdentical(t *testing.T) {
 	with := snap
 	with.CanaryBackends = canaryEndpoints
 	with = normalized(with)
+	checked := 0
 	for _, rel := range rels {
+		if routes[rel].Spec.Canary != nil {
+			continue // the corpus's canary routes: TestGolden pins them
+		}
+		checked++
 		for _, dyn := range []bool{false, true} {
 			a, err1 := Compile(routes[rel], snap, Options{DynamicPeers: dyn})
 			b, err2 := Compile(routes[rel], with, Options{DynamicPeers: dyn})
@@ -102,6 +107,9 @@ func TestCanaryAbsentByteIdentical(t *testing.T) {
 				}
 			}
 		}
+	}
+	if checked == 0 {
+		t.Fatal("no route without spec.canary in the corpus")
 	}
 }
 
