@@ -204,6 +204,15 @@ func (o *controllerOptions) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// managerConfig is cfg for the manager's clients: at most
+// DefaultMaxInFlight of their requests in flight at once, shared by every
+// client the manager builds from it (watches aside).
+func managerConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.Wrap(limitInFlight(DefaultMaxInFlight))
+	return c
+}
+
 func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) error {
 	cfg, err := o.restConfig()
 	if err != nil {
@@ -257,7 +266,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 			return err
 		}
 		ready.set("setting up")
-		mgr, err = newManager(ctx, cfg, scheme, o, log)
+		mgr, err = newManager(ctx, managerConfig(cfg), scheme, o, log)
 		if err != nil {
 			return err
 		}
