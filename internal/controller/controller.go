@@ -237,7 +237,9 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 	if retErr != nil && !errors.Is(retErr, reconcile.TerminalError(nil)) {
 		markRetrying(route, retErr)
 	}
-	r.emitTransition(orig, route)
+	if !(inInitialSync(ctx) && firstReady(orig, route)) {
+		r.emitTransition(orig, route)
+	}
 	routeBackends.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.Backends))
 	routeCartPeers.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -73,6 +75,7 @@ func (s *initialSync) run(ctx context.Context) {
 	if s.r.sink != nil {
 		s.release = s.r.sink.Hold(initialSyncHold)
 	}
+	ctx = context.WithValue(ctx, initialSyncKey{}, true)
 	var wg sync.WaitGroup
 	rvs := make([]string, len(l.Items))
 	for i := range l.Items {
@@ -152,4 +155,24 @@ func (s *initialSync) wait(ctx context.Context) {
 	case <-s.done:
 	case <-ctx.Done():
 	}
+}
+
+type initialSyncKey struct{}
+
+// inInitialSync tells a reconcile of the initial sync.
+func inInitialSync(ctx context.Context) bool {
+	v, _ := ctx.Value(initialSyncKey{}).(bool)
+	return v
+}
+
+// firstReady: the route had no Ready condition (no controller ever
+// reported it) and is Ready now. The initial sync sends no event for it:
+// at the first start over existing routes, that was an event per route
+// (1000 of the 3,900 requests of a cold start at 1000 routes) saying what
+// the status says. Warnings, and changes of a Ready reported before, are
+// still events.
+func firstReady(orig, route *v1alpha1.ModelRoute) bool {
+	after := meta.FindStatusCondition(route.Status.Conditions, TypeReady)
+	return meta.FindStatusCondition(orig.Status.Conditions, TypeReady) == nil &&
+		after != nil && after.Status == metav1.ConditionTrue
 }
