@@ -224,16 +224,17 @@ func TestPodCacheHeap(t *testing.T) {
 	} {
 		p := &podCaches{cfg: testCfg, scheme: testScheme, httpClient: hc, mapper: mapper, idle: time.Minute,
 			watch: func(cache.Cache) error { return nil }}
-		before := heapAfterGC()
+		before, gBefore, sBefore := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
 			t.Fatal(err)
 		}
-		after := heapAfterGC()
+		after, gAfter, sAfter := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		held := 0
 		for _, keys := range cachedPods(t, p) {
 			held += len(keys)
 		}
-		t.Logf("%s: %d of %d pods cached, heap +%d KiB", shape.name, held, n, (int64(after)-int64(before))/1024)
+		t.Logf("%s: %d of %d pods cached, heap +%d KiB, %d goroutines (stacks +%d KiB)", shape.name, held, n,
+			(int64(after)-int64(before))/1024, gAfter-gBefore, (int64(sAfter)-int64(sBefore))/1024)
 		p.mu.Lock()
 		for _, e := range p.byKey {
 			e.stop()
@@ -241,6 +242,13 @@ func TestPodCacheHeap(t *testing.T) {
 		p.mu.Unlock()
 		time.Sleep(time.Second) // its goroutines end: not freed during the next
 	}
+}
+
+// stackInuse is the memory of the goroutines' stacks.
+func stackInuse() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.StackInuse
 }
 
 // heapAfterGC is the live heap after two collections.
