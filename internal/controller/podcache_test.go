@@ -14,10 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -207,12 +205,8 @@ func TestPodCacheHeap(t *testing.T) {
 	createPods(t, ns, "noise", n-matched, map[string]string{"app": "noise"}, 64)
 	createPods(t, ns, "sel", matched, map[string]string{"app": "sel"}, 65)
 
-	// Shared by the caches, as the controller shares the manager's.
-	hc, err := rest.HTTPClientFor(testCfg)
-	must(t, err)
-	mapper, err := apiutil.NewDynamicRESTMapper(testCfg, hc)
-	must(t, err)
-	_, err = mapper.RESTMapping(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), "v1") // its discovery, once
+	// Shared by the caches, as in the controller.
+	hc, err := podCachesClient(testCfg)
 	must(t, err)
 	for _, shape := range []struct{ name, sel string }{
 		// The small ones first: what is left of a stopped cache is
@@ -222,8 +216,8 @@ func TestPodCacheHeap(t *testing.T) {
 		{"selector app=sel, 1% (after)", "app=sel"},
 		{"whole namespace (before)", ""},
 	} {
-		p := &podCaches{cfg: testCfg, scheme: testScheme, httpClient: hc, mapper: mapper, idle: time.Minute,
-			watch: func(cache.Cache) error { return nil }}
+		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute,
+			watch: func(cache.Informer) error { return nil }}
 		before, gBefore, sBefore := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
 			t.Fatal(err)

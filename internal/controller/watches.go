@@ -121,8 +121,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err != nil {
 		return err
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), httpClient: pc, mapper: mgr.GetRESTMapper(),
-		inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
 	return mgr.Add(r.pods)
 }
 
