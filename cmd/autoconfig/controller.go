@@ -204,6 +204,15 @@ func (o *controllerOptions) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// managerConfig is cfg for the manager's clients: at most
+// DefaultMaxInFlight of their requests in flight at once, shared by every
+// client the manager builds from it (watches aside).
+func managerConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.Wrap(limitInFlight(DefaultMaxInFlight))
+	return c
+}
+
 func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) error {
 	cfg, err := o.restConfig()
 	if err != nil {
@@ -282,11 +291,15 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 
 // newManager is the controller-runtime manager. It binds no listener (the
 // probes and pprof are ours; /metrics binds in Start), so a new one can
-// replace it.
+// replace it. Its clients keep at most DefaultMaxInFlight requests in
+// flight (managerConfig); the leader election's do not.
 func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, o *controllerOptions, log logr.Logger) (ctrl.Manager, error) {
 	lease, renew, retry := o.leaseDuration, o.renewDeadline, o.retryPeriod
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	mgr, err := ctrl.NewManager(managerConfig(cfg), ctrl.Options{
 		Scheme: scheme,
+		// The Lease is renewed outside the bound of requests in flight: a
+		// renewal must not queue behind a cold start's writes.
+		LeaderElectionConfig: cfg,
 		// Stopping the leader elector on SIGTERM is not an error.
 		Logger:                        logr.New(shutdownSink{LogSink: log.GetSink(), stopping: func() bool { return ctx.Err() != nil }}),
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},

@@ -195,7 +195,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // reconcile is Reconcile; arrive (when not nil) is called when the route
 // reaches its write (the initial sync holds the writes until every route
 // has).
-func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, arrive func()) (_ ctrl.Result, retErr error) {
+func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, arrive func()) (ctrl.Result, error) {
+	return r.reconcileRV(ctx, key, arrive, nil)
+}
+
+// reconcileRV is reconcile; rv, when not nil, is set to the route's
+// resourceVersion after the reconcile's own writes ("" when it is gone).
+func (r *Reconciler) reconcileRV(ctx context.Context, key types.NamespacedName, arrive func(), rv *string) (_ ctrl.Result, retErr error) {
 	req := ctrl.Request{NamespacedName: key}
 	route := &v1alpha1.ModelRoute{}
 	if err := r.Client.Get(ctx, req.NamespacedName, route); err != nil {
@@ -227,7 +233,12 @@ func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, ar
 		return ctrl.Result{}, err
 	}
 	orig := route.DeepCopy()
-	defer func() { retErr = r.patchStatus(ctx, orig, route, retErr) }()
+	defer func() {
+		retErr = r.patchStatus(ctx, orig, route, retErr)
+		if rv != nil {
+			*rv = route.ResourceVersion
+		}
+	}()
 	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive})
 }
 
@@ -267,7 +278,9 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 	if retErr != nil && !errors.Is(retErr, reconcile.TerminalError(nil)) {
 		markRetrying(route, retErr)
 	}
-	r.emitTransition(orig, route)
+	if !(inInitialSync(ctx) && firstReady(orig, route)) {
+		r.emitTransition(orig, route)
+	}
 	routeBackends.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.Backends))
 	routeCartPeers.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {

@@ -172,6 +172,14 @@ func TestSelectorMode(t *testing.T) {
 	waitKey(t, ns, "routes", routeKey("ds"), []string{host("10.4.0.1"), host("10.4.0.2")}, []string{host("10.4.0.3")})
 	updateRoute(t, ns, "ds", func(r *v1alpha1.ModelRoute) { r.Spec.Discovery.Port = 8000 })
 	waitKey(t, ns, "routes", routeKey("ds"), []string{host("10.4.0.1"), host("10.4.0.2"), host("10.4.0.3")}, nil)
+
+	// The node's GPU label changes: the node's selected pods lead to the
+	// route (mapNode), which renders the new GPU type.
+	var n corev1.Node
+	must(t, k8s.Get(context.Background(), client.ObjectKey{Name: "gpu-1"}, &n))
+	n.Labels["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-80GB"
+	must(t, k8s.Update(context.Background(), &n))
+	waitKey(t, ns, "monitor", "ds.monitor.conf", []string{"A100"}, []string{"H100"})
 }
 
 func findCond(r *v1alpha1.ModelRoute, typ string) *metav1.Condition {

@@ -14,10 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -207,12 +205,8 @@ func TestPodCacheHeap(t *testing.T) {
 	createPods(t, ns, "noise", n-matched, map[string]string{"app": "noise"}, 64)
 	createPods(t, ns, "sel", matched, map[string]string{"app": "sel"}, 65)
 
-	// Shared by the caches, as the controller shares the manager's.
-	hc, err := rest.HTTPClientFor(testCfg)
-	must(t, err)
-	mapper, err := apiutil.NewDynamicRESTMapper(testCfg, hc)
-	must(t, err)
-	_, err = mapper.RESTMapping(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), "v1") // its discovery, once
+	// Shared by the caches, as in the controller.
+	hc, err := podCachesClient(testCfg)
 	must(t, err)
 	for _, shape := range []struct{ name, sel string }{
 		// The small ones first: what is left of a stopped cache is
@@ -222,18 +216,19 @@ func TestPodCacheHeap(t *testing.T) {
 		{"selector app=sel, 1% (after)", "app=sel"},
 		{"whole namespace (before)", ""},
 	} {
-		p := &podCaches{cfg: testCfg, scheme: testScheme, httpClient: hc, mapper: mapper, idle: time.Minute,
-			watch: func(cache.Cache) error { return nil }}
-		before := heapAfterGC()
+		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute,
+			watch: func(cache.Informer) error { return nil }}
+		before, gBefore, sBefore := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
 			t.Fatal(err)
 		}
-		after := heapAfterGC()
+		after, gAfter, sAfter := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		held := 0
 		for _, keys := range cachedPods(t, p) {
 			held += len(keys)
 		}
-		t.Logf("%s: %d of %d pods cached, heap +%d KiB", shape.name, held, n, (int64(after)-int64(before))/1024)
+		t.Logf("%s: %d of %d pods cached, heap +%d KiB, %d goroutines (stacks +%d KiB)", shape.name, held, n,
+			(int64(after)-int64(before))/1024, gAfter-gBefore, (int64(sAfter)-int64(sBefore))/1024)
 		p.mu.Lock()
 		for _, e := range p.byKey {
 			e.stop()
@@ -241,6 +236,13 @@ func TestPodCacheHeap(t *testing.T) {
 		p.mu.Unlock()
 		time.Sleep(time.Second) // its goroutines end: not freed during the next
 	}
+}
+
+// stackInuse is the memory of the goroutines' stacks.
+func stackInuse() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.StackInuse
 }
 
 // heapAfterGC is the live heap after two collections.

@@ -117,8 +117,11 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if idle <= 0 {
 		idle = DefaultPodCacheIdle
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), scheme: mgr.GetScheme(), httpClient: mgr.GetHTTPClient(), mapper: mgr.GetRESTMapper(),
-		inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
+	pc, err := podCachesClient(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
 	return mgr.Add(r.pods)
 }
 
@@ -282,10 +285,15 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 	}
 	if r.pods != nil {
 		for _, pr := range r.pods.readers() {
+			// No index by node: the caches hold only selected pods, and
+			// a GPU label change is rare; an index per cache cost a set
+			// per node and cache.
 			var pl corev1.PodList
-			if err := pr.List(ctx, &pl, client.MatchingFields{discovery.IndexPodNode: o.GetName()}); err == nil {
+			if err := pr.List(ctx, &pl, client.UnsafeDisableDeepCopy); err == nil {
 				for i := range pl.Items {
-					add(r.mapPod(ctx, &pl.Items[i]))
+					if pl.Items[i].Spec.NodeName == o.GetName() {
+						add(r.mapPod(ctx, &pl.Items[i]))
+					}
 				}
 			}
 		}
