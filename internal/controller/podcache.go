@@ -72,6 +72,8 @@ type podCaches struct {
 	// watch connects a started cache's pod events to the controller.
 	watch func(c cache.Cache) error
 	idle  time.Duration
+	// currency builds the caches' informers (nil: client-go's own).
+	currency *CacheCurrency
 
 	mu    sync.Mutex
 	byKey map[podKey]*selPods
@@ -133,6 +135,7 @@ func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 		DefaultNamespaces: map[string]cache.Config{k.ns: {}},
 		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject:          map[client.Object]cache.ByObject{&corev1.Pod{}: pods},
+		NewInformer:       p.currency.newInformer(),
 	})
 	if err != nil {
 		e.err = fmt.Errorf("pod cache %s: %w", k, err)
