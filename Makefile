@@ -91,6 +91,15 @@ demo: deps envtest ## the whole loop on a laptop: control plane, controller, rou
 #   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -selector-share 0.1'            # 10 % of the routes discover by selector
 #   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -takeover'                      # two replicas, SIGKILL to the leader, the standby takes over
 #   make bench-scale BENCH_SCALE_FLAGS='-matrix 1000x10 -rev HEAD~1'                    # the controller of another commit
+# The fault test: two replicas with the chart's arguments behind TCP
+# proxies, 40 routes with an EndpointSlice change every 500 ms, through a
+# leader SIGKILL, a 20 s partition of the leader, a graceful handover and
+# 10 s without the API server (about 3 minutes; docs/controller.md
+# "Faults"). Not part of make test.
+.PHONY: fault
+fault: envtest ## fault test with endpoint churn (about 3 min): leader kill, partition, handover, API server away; docs/controller.md "Faults"
+	AUTOCONFIG_FAULT=1 $(GO) test -count=1 -timeout 15m -run '^TestFaultsWithChurn$$' -v ./cmd/autoconfig
+
 .PHONY: bench-scale
 bench-scale: envtest ## scale benchmark, not part of make test (8-30 min): 10k pods, routes x ConfigMaps matrix, the real controller on a real API server; docs/performance.md; extra flags in BENCH_SCALE_FLAGS
 	$(GO) run ./hack/scale $(BENCH_SCALE_FLAGS)
