@@ -36,14 +36,15 @@ import (
 // leader cut off for 20 s, a graceful handover (SIGTERM), 10 s without the
 // API server for both. A replica that exits is restarted 2 s later, as its
 // pod would be. Checked throughout: no ConfigMap write leaves a route's
-// key missing or empty (a watch sees every write), and no replica writes a
+// key missing or empty or takes it back to older endpoints (a watch sees
+// every write), and no replica writes a
 // ConfigMap while it does not hold the Lease (the API server's audit log
 // names the writer of every ConfigMap and Lease write); after each fault,
 // every key catches up with the endpoints it missed; at the end, with the
 // churn stopped, every key holds its route's last endpoints. The figures
 // (time to converge after each fault, writes) are logged.
 //
-// It runs only with AUTOCONFIG_FAULT=1 (about three minutes).
+// It runs only with AUTOCONFIG_FAULT=1 (make fault: under two minutes).
 
 const (
 	faultNS     = "fault"
@@ -156,6 +157,7 @@ type faultWorld struct {
 	// reached: when each key first held each newer generation.
 	reached   [faultRoutes][]reach
 	bad       []string // writes that left a key missing or empty
+	stale     []string // writes that took a key back to older endpoints
 	cmWrites  int
 	churnDone int
 }
@@ -309,6 +311,12 @@ func (w *faultWorld) check(cm *corev1.ConfigMap) {
 		if gen < 0 {
 			w.bad = append(w.bad, fmt.Sprintf("%s rv %s: key %s holds no endpoint of the route: %q", cm.Name, cm.ResourceVersion, routeKey(r), v))
 			continue
+		}
+		if gen+1 < w.seen[r] {
+			// A write of older endpoints over newer ones: written from a
+			// stale cache.
+			w.stale = append(w.stale, fmt.Sprintf("%s rv %s: key %s went back from %s to %s", cm.Name, cm.ResourceVersion, routeKey(r),
+				faultEndpoint(r, w.seen[r]-1), faultEndpoint(r, gen)))
 		}
 		if gen+1 > w.seen[r] {
 			w.reached[r] = append(w.reached[r], reach{time.Now(), gen})
@@ -694,10 +702,13 @@ func TestFaultsWithChurn(t *testing.T) {
 	final := w.snapshot()
 	w.waitConverged(t, final, 60*time.Second)
 	w.mu.Lock()
-	bad, churn, cmWrites := append([]string(nil), w.bad...), w.churnDone, w.cmWrites
+	bad, stale, churn, cmWrites := append([]string(nil), w.bad...), append([]string(nil), w.stale...), w.churnDone, w.cmWrites
 	w.mu.Unlock()
 	for _, b := range bad {
 		t.Errorf("lost or empty: %s", b)
+	}
+	for _, b := range stale {
+		t.Errorf("stale write: %s", b)
 	}
 	brain, writes := splitBrain(t, auditLog)
 	for _, b := range brain {
