@@ -32,9 +32,10 @@ import (
 
 // The fault test (make fault): two replicas with the chart's arguments,
 // each behind its own TCP proxy, 40 routes whose EndpointSlices change
-// every 500 ms, through four faults — the leader killed (SIGKILL), the
+// every 500 ms, through five faults — the leader killed (SIGKILL), the
 // leader cut off for 20 s, a graceful handover (SIGTERM), 10 s without the
-// API server for both. A replica that exits is restarted 2 s later, as its
+// API server for both, and a graceful handover while the standby is cut
+// off for 10 s (it takes the Lease as soon as it is back). A replica that exits is restarted 2 s later, as its
 // pod would be. Checked throughout: no ConfigMap write leaves a route's
 // key missing or empty or takes it back to older endpoints (a watch sees
 // every write), and no replica writes a
@@ -83,7 +84,14 @@ type faultReplica struct {
 	proc     *controllerProc
 	gen      int
 	stopping bool
+	held     bool // an exited process is not restarted until released
 	exits    []string
+}
+
+func (r *faultReplica) hold(h bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = h
 }
 
 func (r *faultReplica) start() {
@@ -103,6 +111,11 @@ func (r *faultReplica) start() {
 		}
 		time.Sleep(2 * time.Second) // the kubelet restarts the container
 		r.mu.Lock()
+		for r.held && !r.stopping {
+			r.mu.Unlock()
+			time.Sleep(100 * time.Millisecond)
+			r.mu.Lock()
+		}
 		cur := r.proc == p && !r.stopping
 		r.mu.Unlock()
 		if cur {
@@ -694,6 +707,26 @@ func TestFaultsWithChurn(t *testing.T) {
 			r.proxy.setMode("forward")
 		}
 		return begin, time.Now()
+	})
+
+	run("graceful handover while the standby is cut off 10 s", func(l *faultReplica) (time.Time, time.Time) {
+		// The standby takes the released Lease as soon as it is back,
+		// with caches that missed 10 s of changes (the old leader's
+		// restart is held back until then).
+		s := other(l)
+		begin := time.Now()
+		s.proxy.setMode("refuse")
+		l.hold(true)
+		_ = l.current().cmd.Process.Signal(syscall.SIGTERM)
+		time.Sleep(10 * time.Second)
+		s.proxy.setMode("forward")
+		end := time.Now()
+		deadline := time.Now().Add(60 * time.Second)
+		for !s.leads() && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		l.hold(false)
+		return begin, end
 	})
 
 	// The churn stops: every key holds its route's last endpoints.
