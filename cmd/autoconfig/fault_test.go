@@ -45,7 +45,7 @@ import (
 // churn stopped, every key holds its route's last endpoints. The figures
 // (time to converge after each fault, writes) are logged.
 //
-// It runs only with AUTOCONFIG_FAULT=1 (make fault: under two minutes).
+// It runs only with AUTOCONFIG_FAULT=1 (make fault: about 90 s).
 
 const (
 	faultNS     = "fault"
