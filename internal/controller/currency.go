@@ -264,11 +264,16 @@ func (w *currentLW) run(ctx context.Context, opts metav1.ListOptions, out chan<-
 	w.mu.Unlock()
 	for ctx.Err() == nil {
 		if stale {
-			var err error
-			if rv, err = w.catchUp(ctx, opts, out); err != nil {
-				return // ctx ended
+			next, err := w.catchUp(ctx, opts, out)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				ctrl.Log.WithName(Name).Error(err, "cache not current: cannot read the list; retrying", "type", w.typ)
+				sleep(ctx, currencyRetryMax)
+				continue
 			}
-			stale = false
+			rv, stale = next, false
 		}
 		o := opts
 		o.ResourceVersion = rv
@@ -340,7 +345,7 @@ func forward(ctx context.Context, inner watch.Interface, out chan<- watch.Event)
 // catchUp lists the collection until the API server answers, hands the
 // difference to the cache to out as events, waits until the cache holds
 // the last of them, and marks the informer current. It returns the list's
-// version to watch from; an error only when ctx ended.
+// version to watch from.
 func (w *currentLW) catchUp(ctx context.Context, opts metav1.ListOptions, out chan<- watch.Event) (string, error) {
 	delay := currencyRetryMin
 	var list runtime.Object
@@ -353,6 +358,11 @@ func (w *currentLW) catchUp(ctx context.Context, opts metav1.ListOptions, out ch
 		}
 		if ctx.Err() != nil {
 			return "", ctx.Err()
+		}
+		if !unreachable(err) {
+			// An answer, not an absence (Forbidden, say): writes wait
+			// until it is fixed.
+			ctrl.Log.WithName(Name).Error(err, "cache not current: the list is refused; retrying", "type", w.typ)
 		}
 		if !sleep(ctx, delay) {
 			return "", ctx.Err()
