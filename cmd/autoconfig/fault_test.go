@@ -758,3 +758,43 @@ func TestFaultsWithChurn(t *testing.T) {
 		r.mu.Unlock()
 	}
 }
+
+// TestSplitBrainCheck: the fault test's audit check flags a ConfigMap
+// write by a replica that does not hold the Lease, has released it, or
+// whose Lease expired, and passes the writes of the holder.
+func TestSplitBrainCheck(t *testing.T) {
+	at := func(s float64) string {
+		return time.Date(2026, 12, 3, 4, 0, 0, 0, time.UTC).Add(time.Duration(s * float64(time.Second))).Format("2006-01-02T15:04:05.000000Z")
+	}
+	lease := func(user string, s float64, holder string) string {
+		return fmt.Sprintf(`{"stage":"ResponseComplete","verb":"update","user":{"username":%q},"objectRef":{"resource":"leases","namespace":%q,"name":%q},"responseStatus":{"code":200},"requestReceivedTimestamp":%q,"stageTimestamp":%q,"requestObject":{"spec":{"holderIdentity":%q,"leaseDurationSeconds":15,"renewTime":%q}}}`,
+			user, faultNS, LeaderElectionID, at(s), at(s+0.001), holder, at(s))
+	}
+	cm := func(user string, s float64) string {
+		return fmt.Sprintf(`{"stage":"ResponseComplete","verb":"patch","user":{"username":%q},"objectRef":{"resource":"configmaps","namespace":%q,"name":"routes-0"},"responseStatus":{"code":200},"requestReceivedTimestamp":%q,"stageTimestamp":%q}`,
+			user, faultNS, at(s), at(s+0.002))
+	}
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		bad   int
+	}{
+		{"the holder writes", []string{lease("replica-a", 0, "a_1"), cm("replica-a", 1), lease("replica-a", 2, "a_1"), cm("replica-a", 3)}, 0},
+		{"a takeover, then the new holder writes", []string{lease("replica-a", 0, "a_1"), cm("replica-a", 1), lease("replica-b", 20, "b_1"), cm("replica-b", 21)}, 0},
+		{"the old holder writes after the takeover", []string{lease("replica-a", 0, "a_1"), lease("replica-b", 20, "b_1"), cm("replica-a", 21)}, 1},
+		{"a write after releasing the Lease", []string{lease("replica-a", 0, "a_1"), lease("replica-a", 5, ""), cm("replica-a", 6)}, 1},
+		{"a write after the Lease expired", []string{lease("replica-a", 0, "a_1"), cm("replica-a", 16)}, 1},
+		{"a write before any Lease", []string{cm("replica-a", 0)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "audit.log")
+			if err := os.WriteFile(path, []byte(strings.Join(tc.lines, "\n")+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			bad, _ := splitBrain(t, path)
+			if len(bad) != tc.bad {
+				t.Errorf("%d violations, want %d: %v", len(bad), tc.bad, bad)
+			}
+		})
+	}
+}
