@@ -19,7 +19,7 @@ BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-
 IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
+.PHONY: all build test fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -74,7 +74,7 @@ cluster-scripts:
 	AUTOCONFIG_SCRIPT_ORDER=name $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
 	AUTOCONFIG_SCRIPT_ORDER=reverse $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
 
-test: deps envtest verify vet unit race cluster-scripts bench-applied images ## everything CI runs
+test: deps envtest verify vet unit race cluster-scripts bench-applied fault images ## everything CI runs
 
 property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
 	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler
@@ -84,6 +84,14 @@ fuzz: deps ## fuzz the route generator against real nginx for FUZZTIME; failing 
 
 demo: deps envtest ## the whole loop on a laptop: control plane, controller, routes, scaling
 	$(GO) run ./hack/demo
+
+# The fault test: two replicas with the chart's arguments behind TCP
+# proxies, 40 routes with an EndpointSlice change every 500 ms, through a
+# leader SIGKILL, a 20 s partition of the leader, a graceful handover,
+# 10 s without the API server and a handover to a cut-off standby (about
+# 90 s; docs/controller.md "Faults"). Part of make test.
+fault: envtest ## fault test with endpoint churn (about 90 s): leader kill, partition, handover, API server away, handover to a cut-off standby; docs/controller.md "Faults"
+	AUTOCONFIG_FAULT=1 $(GO) test -count=1 -timeout 15m -run '^TestFaultsWithChurn$$' -v ./cmd/autoconfig
 
 # Extra flags of bench-scale go in BENCH_SCALE_FLAGS (go run ./hack/scale -h;
 # docs/performance.md), e.g.:

@@ -266,11 +266,14 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 			return err
 		}
 		ready.set("setting up")
-		mgr, err = newManager(ctx, cfg, scheme, o, log)
+		// Its informers resume their watches by themselves and tell when
+		// they are current after a cut (internal/controller/currency.go).
+		caches := controller.NewCacheCurrency()
+		mgr, err = newManager(ctx, cfg, scheme, o, log, caches)
 		if err != nil {
 			return err
 		}
-		err = setupController(ctx, mgr, o, v, ready)
+		err = setupController(ctx, mgr, o, v, ready, caches)
 		if err == nil {
 			break
 		}
@@ -293,7 +296,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 // probes and pprof are ours; /metrics binds in Start), so a new one can
 // replace it. Its clients keep at most DefaultMaxInFlight requests in
 // flight (managerConfig); the leader election's do not.
-func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, o *controllerOptions, log logr.Logger) (ctrl.Manager, error) {
+func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, o *controllerOptions, log logr.Logger, caches *controller.CacheCurrency) (ctrl.Manager, error) {
 	lease, renew, retry := o.leaseDuration, o.renewDeadline, o.retryPeriod
 	mgr, err := ctrl.NewManager(managerConfig(cfg), ctrl.Options{
 		Scheme: scheme,
@@ -312,7 +315,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme
 		LeaseDuration:                 &lease,
 		RenewDeadline:                 &renew,
 		RetryPeriod:                   &retry,
-		Cache:                         controller.CacheOptions(o.namespaces),
+		Cache:                         caches.CacheOptions(controller.CacheOptions(o.namespaces)),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -322,7 +325,7 @@ func newManager(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme
 
 // setupController adds the reconciler, its indexes and watches, and the
 // runnable that marks the replica ready, to mgr.
-func setupController(ctx context.Context, mgr ctrl.Manager, o *controllerOptions, v *schema.Validator, ready *setupState) error {
+func setupController(ctx context.Context, mgr ctrl.Manager, o *controllerOptions, v *schema.Validator, ready *setupState, caches *controller.CacheCurrency) error {
 	r := &controller.Reconciler{
 		Validator:         v,
 		Recorder:          mgr.GetEventRecorder(controller.Name),
@@ -330,6 +333,7 @@ func setupController(ctx context.Context, mgr ctrl.Manager, o *controllerOptions
 		Namespaces:        o.namespaces,
 		TrustedNamespaces: o.trusted,
 		Routes:            controller.NewRouteState(),
+		Caches:            caches,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.maxConcurrent); err != nil {
 		return err

@@ -79,6 +79,11 @@ type Reconciler struct {
 	// reconciles (nil = a new one).
 	Routes *RouteState
 
+	// Caches, when set, built every informer (CacheCurrency.NewInformer):
+	// reconciles wait while one is not current, and every route is queued
+	// when they are current again after a cut.
+	Caches *CacheCurrency
+
 	// PodCacheIdle is how long a pod cache (one per namespace and
 	// selector) outlives the last route reading it (0 =
 	// DefaultPodCacheIdle).
@@ -135,6 +140,9 @@ type state struct {
 	// arrive, when set, is called as the route reaches its write (the
 	// initial sync's count).
 	arrive func()
+	// epoch is the cache currency's when the reconcile began
+	// (CacheCurrency.Current).
+	epoch uint64
 	// previewWarnings are what a preview cannot know before the
 	// controller acts (e.g. the VIP of a Service it would create).
 	previewWarnings []string
@@ -202,6 +210,12 @@ func (r *Reconciler) reconcile(ctx context.Context, key types.NamespacedName, ar
 // reconcileRV is reconcile; rv, when not nil, is set to the route's
 // resourceVersion after the reconcile's own writes ("" when it is gone).
 func (r *Reconciler) reconcileRV(ctx context.Context, key types.NamespacedName, arrive func(), rv *string) (_ ctrl.Result, retErr error) {
+	// Nothing is read for a write while a cache is not current (a cut from
+	// the API server); epoch tells whether one began since.
+	if err := r.Caches.Wait(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	epoch := r.Caches.Epoch()
 	req := ctrl.Request{NamespacedName: key}
 	route := &v1alpha1.ModelRoute{}
 	if err := r.Client.Get(ctx, req.NamespacedName, route); err != nil {
@@ -234,12 +248,22 @@ func (r *Reconciler) reconcileRV(ctx context.Context, key types.NamespacedName, 
 	}
 	orig := route.DeepCopy()
 	defer func() {
+		if !r.Caches.Current(epoch) {
+			// Read before a cut: not written; every route is queued when
+			// the caches are current again.
+			ctrl.LoggerFrom(ctx).V(levelDebug).Info("caches not current since the reconcile began; not writing its status")
+			retErr = nil
+			if rv != nil {
+				*rv = route.ResourceVersion
+			}
+			return
+		}
 		retErr = r.patchStatus(ctx, orig, route, retErr)
 		if rv != nil {
 			*rv = route.ResourceVersion
 		}
 	}()
-	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive})
+	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive, epoch: epoch})
 }
 
 // currentRoute is the cached route, or the live one when the cache has not

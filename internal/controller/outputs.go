@@ -26,6 +26,12 @@ import (
 // records what it holds and what is in its way. With nothing to render it
 // only checks (checkOutputs).
 func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, error) {
+	if !r.preview && !r.Caches.Current(st.epoch) {
+		// A cut from the API server began since the reconcile read its
+		// inputs: they may be stale. Every route is queued when the caches
+		// are current again.
+		return true, nil
+	}
 	if st.noRender {
 		return false, r.checkOutputs(ctx, st)
 	}

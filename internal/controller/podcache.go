@@ -79,6 +79,8 @@ type podCaches struct {
 	// watch connects a started cache's pod events to the controller.
 	watch func(inf cache.Informer) error
 	idle  time.Duration
+	// currency builds the caches' informers (nil: client-go's own).
+	currency *CacheCurrency
 
 	mu    sync.Mutex
 	byKey map[podKey]*selPods
@@ -152,7 +154,11 @@ func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 			return api.Watch(ctx, o)
 		},
 	}
-	inf := toolscache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, toolscache.Indexers{})
+	newInformer := toolscache.NewSharedIndexInformer
+	if f := p.currency.newInformer(); f != nil {
+		newInformer = f
+	}
+	inf := newInformer(lw, &corev1.Pod{}, 0, toolscache.Indexers{})
 	if err := inf.SetTransform(discovery.StripPod); err != nil {
 		e.err = fmt.Errorf("pod cache %s: %w", k, err)
 		return

@@ -100,7 +100,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := SetupOwnershipIndex(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
-	c, err := ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
@@ -108,8 +108,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
 		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
 		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
-		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)}).
-		Build(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)})
+	if r.Caches != nil {
+		rs := &resyncSource{r: r}
+		r.Caches.OnCurrent(rs.queueAll)
+		b = b.WatchesRawSource(rs)
+	}
+	c, err := b.Build(r)
 	if err != nil {
 		return err
 	}
@@ -121,7 +126,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err != nil {
 		return err
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, watch: r.podWatch(c), idle: idle}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, watch: r.podWatch(c), idle: idle, currency: r.Caches}
 	return mgr.Add(r.pods)
 }
 
