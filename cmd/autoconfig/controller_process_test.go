@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,97 +20,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/internal/testbin"
+
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
 // These tests run `autoconfig controller` as real processes (the test
 // binary, which testscript.Main puts on $PATH as autoconfig) against a real
 // API server, some through a TCP proxy that can refuse, black-hole or
 // forward connections.
-
-// tcpProxy forwards to target, or refuses (accepts and resets) or
-// black-holes (accepts and never answers) connections; changing the mode
-// cuts every open connection.
-type tcpProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	mode  string // "refuse", "blackhole" or "forward"
-	conns map[net.Conn]bool
-}
-
-func newTCPProxy(t *testing.T, target, mode string) *tcpProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln, target: target, mode: mode, conns: map[net.Conn]bool{}}
-	t.Cleanup(func() {
-		ln.Close()
-		p.setMode("refuse")
-	})
-	go p.serve()
-	return p
-}
-
-func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *tcpProxy) setMode(mode string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.mode = mode
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *tcpProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		mode := p.mode
-		switch mode {
-		case "refuse":
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0) // a reset, not an orderly close
-			}
-			c.Close()
-		case "blackhole":
-			p.conns[c] = true
-		case "forward":
-			p.conns[c] = true
-		}
-		p.mu.Unlock()
-		if mode == "forward" {
-			go p.forward(c)
-		}
-	}
-}
-
-func (p *tcpProxy) forward(c net.Conn) {
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		c.Close()
-		return
-	}
-	p.mu.Lock()
-	if !p.conns[c] { // cut meanwhile
-		p.mu.Unlock()
-		c.Close()
-		up.Close()
-		return
-	}
-	p.conns[up] = true
-	p.mu.Unlock()
-	go func() { _, _ = io.Copy(up, c); up.Close() }()
-	_, _ = io.Copy(c, up)
-	c.Close()
-}
 
 // controllerProc is one `autoconfig controller` process.
 type controllerProc struct {
@@ -380,8 +295,8 @@ func TestControllerWaitsForAPIServer(t *testing.T) {
 	if err := sc.apply(routeFixture("wait1", "r1")); err != nil {
 		t.Fatal(err)
 	}
-	proxy := newTCPProxy(t, kubeconfigTarget(t, sc.adminKubeconfig), "refuse")
-	kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, proxy.addr())
+	proxy := testenv.NewTCPProxy(t, kubeconfigTarget(t, sc.adminKubeconfig), testenv.ProxyRefuse)
+	kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, proxy.Addr())
 	c := startController(t, "controller", "--kubeconfig", kc, "--namespace", "wait1", "--leader-elect", "--leader-election-namespace", "wait1")
 
 	// Refused: it waits, says for what, and is alive but not ready.
@@ -396,12 +311,12 @@ func TestControllerWaitsForAPIServer(t *testing.T) {
 		t.Error("the wait does not say what it waits for")
 	}
 	// Black-holed: each attempt times out instead of hanging.
-	proxy.setMode("blackhole")
+	proxy.SetMode(testenv.ProxyBlackhole)
 	c.waitLog(`API server not reachable.*(Timeout|timeout|deadline)`, 30*time.Second)
 	if c.exited() {
 		t.Fatalf("exited while the API server was black-holed: %v", c.err)
 	}
-	proxy.setMode("forward")
+	proxy.SetMode(testenv.ProxyForward)
 	c.waitLog(`msg="API server reachable"`, 30*time.Second)
 	c.waitReady(60 * time.Second)
 	waitKey(t, sc, "wait1", "r1", 60*time.Second)
@@ -416,11 +331,11 @@ func TestControllerWaitsForAPIServer(t *testing.T) {
 // TestControllerSIGTERMWhileWaiting: SIGTERM while waiting for the API
 // server exits 0 at once, without an error.
 func TestControllerSIGTERMWhileWaiting(t *testing.T) {
-	proxy := newTCPProxy(t, "127.0.0.1:1", "refuse")
+	proxy := testenv.NewTCPProxy(t, "127.0.0.1:1", testenv.ProxyRefuse)
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := os.WriteFile(kc, []byte(`apiVersion: v1
 kind: Config
-clusters: [{name: c, cluster: {server: "https://`+proxy.addr()+`", insecure-skip-tls-verify: true}}]
+clusters: [{name: c, cluster: {server: "https://`+proxy.Addr()+`", insecure-skip-tls-verify: true}}]
 users: [{name: u, user: {token: t}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
@@ -496,12 +411,12 @@ func TestControllerLeaseLostIsAnError(t *testing.T) {
 	if err := sc.apply(routeFixture("lost1", "r1")); err != nil {
 		t.Fatal(err)
 	}
-	proxy := newTCPProxy(t, kubeconfigTarget(t, sc.adminKubeconfig), "forward")
-	kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, proxy.addr())
+	proxy := testenv.NewTCPProxy(t, kubeconfigTarget(t, sc.adminKubeconfig), testenv.ProxyForward)
+	kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, proxy.Addr())
 	c := startController(t, "leader", "--kubeconfig", kc, "--namespace", "lost1", "--leader-elect", "--leader-election-namespace", "lost1",
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms")
 	waitKey(t, sc, "lost1", "r1", 60*time.Second)
-	proxy.setMode("refuse")
+	proxy.SetMode(testenv.ProxyRefuse)
 	if code := c.wait(30 * time.Second); code != 1 {
 		t.Errorf("exit %d after losing the lease, want 1", code)
 	}

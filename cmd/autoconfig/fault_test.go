@@ -77,7 +77,7 @@ rules:
 type faultReplica struct {
 	t     *testing.T
 	name  string
-	proxy *tcpProxy
+	proxy *testenv.TCPProxy
 	kc    string
 
 	mu       sync.Mutex
@@ -589,8 +589,8 @@ func TestFaultsWithChurn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newTCPProxy(t, target, "forward")
-		pkc, _ := proxiedKubeconfig(t, kc, p.addr())
+		p := testenv.NewTCPProxy(t, target, testenv.ProxyForward)
+		pkc, _ := proxiedKubeconfig(t, kc, p.Addr())
 		reps = append(reps, &faultReplica{t: t, name: "replica-" + name, proxy: p, kc: pkc})
 	}
 	defer func() {
@@ -686,9 +686,9 @@ func TestFaultsWithChurn(t *testing.T) {
 	})
 	run("leader cut off 20 s", func(l *faultReplica) (time.Time, time.Time) {
 		begin := time.Now()
-		l.proxy.setMode("refuse")
+		l.proxy.SetMode(testenv.ProxyRefuse)
 		time.Sleep(20 * time.Second)
-		l.proxy.setMode("forward")
+		l.proxy.SetMode(testenv.ProxyForward)
 		return begin, time.Now()
 	})
 	run("graceful handover (SIGTERM)", func(l *faultReplica) (time.Time, time.Time) {
@@ -700,11 +700,11 @@ func TestFaultsWithChurn(t *testing.T) {
 	run("API server away 10 s", func(*faultReplica) (time.Time, time.Time) {
 		begin := time.Now()
 		for _, r := range reps {
-			r.proxy.setMode("refuse")
+			r.proxy.SetMode(testenv.ProxyRefuse)
 		}
 		time.Sleep(10 * time.Second)
 		for _, r := range reps {
-			r.proxy.setMode("forward")
+			r.proxy.SetMode(testenv.ProxyForward)
 		}
 		return begin, time.Now()
 	})
@@ -715,11 +715,11 @@ func TestFaultsWithChurn(t *testing.T) {
 		// restart is held back until then).
 		s := other(l)
 		begin := time.Now()
-		s.proxy.setMode("refuse")
+		s.proxy.SetMode(testenv.ProxyRefuse)
 		l.hold(true)
 		_ = l.current().cmd.Process.Signal(syscall.SIGTERM)
 		time.Sleep(10 * time.Second)
-		s.proxy.setMode("forward")
+		s.proxy.SetMode(testenv.ProxyForward)
 		end := time.Now()
 		deadline := time.Now().Add(60 * time.Second)
 		for !s.leads() && time.Now().Before(deadline) {

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
 // cmRecorder records every version of one ConfigMap key a watch sees.
@@ -133,7 +135,7 @@ func TestTakeoverAfterCutWritesNoStaleEndpoints(t *testing.T) {
 	target := kubeconfigTarget(t, sc.adminKubeconfig)
 	type replica struct {
 		name  string
-		proxy *tcpProxy
+		proxy *testenv.TCPProxy
 		kc    string
 		proc  *controllerProc
 	}
@@ -144,8 +146,8 @@ func TestTakeoverAfterCutWritesNoStaleEndpoints(t *testing.T) {
 	}
 	var reps [2]*replica
 	for i, name := range []string{"a", "b"} {
-		p := newTCPProxy(t, target, "forward")
-		kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, p.addr())
+		p := testenv.NewTCPProxy(t, target, testenv.ProxyForward)
+		kc, _ := proxiedKubeconfig(t, sc.adminKubeconfig, p.Addr())
 		reps[i] = &replica{name: name, proxy: p, kc: kc}
 	}
 	leader, standby := reps[0], reps[1]
@@ -162,7 +164,7 @@ func TestTakeoverAfterCutWritesNoStaleEndpoints(t *testing.T) {
 	for round := 1; round <= 3; round++ {
 		// The standby is cut off; the endpoints change; the leader
 		// writes them.
-		standby.proxy.setMode("refuse")
+		standby.proxy.SetMode(testenv.ProxyRefuse)
 		before := fmt.Sprintf("10.2.0.%d", ip)
 		ip++
 		current := fmt.Sprintf("10.2.0.%d", ip)
@@ -177,7 +179,7 @@ func TestTakeoverAfterCutWritesNoStaleEndpoints(t *testing.T) {
 		}
 		time.Sleep(10 * time.Second)
 		back := time.Now()
-		standby.proxy.setMode("forward")
+		standby.proxy.SetMode(testenv.ProxyForward)
 		standby.proc.waitLog(`Successfully acquired lease`, 60*time.Second)
 		t.Logf("round %d: %s acquired the Lease %.1f s after the API server was back", round, standby.proc.name, time.Since(back).Seconds())
 

@@ -2,10 +2,7 @@ package controller
 
 import (
 	"context"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,78 +13,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
-
-// cutProxy forwards TCP to target, or resets every connection ("cut");
-// changing the mode closes every open connection.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-}
-
-func newCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	t.Cleanup(func() { ln.Close(); p.setCut(true) })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.cut {
-				if tc, ok := c.(*net.TCPConn); ok {
-					_ = tc.SetLinger(0)
-				}
-				c.Close()
-				p.mu.Unlock()
-				continue
-			}
-			p.conns[c] = true
-			p.mu.Unlock()
-			go p.forward(c)
-		}
-	}()
-	return p
-}
-
-func (p *cutProxy) forward(c net.Conn) {
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		c.Close()
-		return
-	}
-	p.mu.Lock()
-	if !p.conns[c] {
-		p.mu.Unlock()
-		c.Close()
-		up.Close()
-		return
-	}
-	p.conns[up] = true
-	p.mu.Unlock()
-	go func() { _, _ = io.Copy(up, c); up.Close() }()
-	_, _ = io.Copy(c, up)
-	c.Close()
-}
-
-func (p *cutProxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = cut
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
 
 // TestCacheCurrencyAfterCut: a cache built with CacheCurrency, cut off
 // from the API server while one EndpointSlice changes, one is deleted and
@@ -99,9 +27,9 @@ func TestCacheCurrencyAfterCut(t *testing.T) {
 	endpointSlice(t, ns, "a", "svc", discoveryv1.AddressTypeIPv4, 8000, up("10.9.0.1"))
 	endpointSlice(t, ns, "b", "svc", discoveryv1.AddressTypeIPv4, 8000, up("10.9.0.2"))
 
-	proxy := newCutProxy(t, strings.TrimSuffix(strings.TrimPrefix(testCfg.Host, "https://"), "/"))
+	proxy := testenv.NewTCPProxy(t, strings.TrimSuffix(strings.TrimPrefix(testCfg.Host, "https://"), "/"), testenv.ProxyForward)
 	cfg := rest.CopyConfig(testCfg)
-	cfg.Host = "https://" + proxy.ln.Addr().String()
+	cfg.Host = "https://" + proxy.Addr()
 	cur := NewCacheCurrency()
 	var currentAgain atomic.Int32
 	cur.OnCurrent(func() { currentAgain.Add(1) })
@@ -123,7 +51,7 @@ func TestCacheCurrencyAfterCut(t *testing.T) {
 		t.Fatal("a synced cache is not current")
 	}
 
-	proxy.setCut(true)
+	proxy.SetMode(testenv.ProxyRefuse)
 	eventually(t, "the cut is noticed", func() (bool, string) { return !cur.Current(epoch), "still current" })
 	// While cut off: a changes, b goes, c comes.
 	var a discoveryv1.EndpointSlice
@@ -137,7 +65,7 @@ func TestCacheCurrencyAfterCut(t *testing.T) {
 		t.Fatal("current while cut off")
 	}
 
-	proxy.setCut(false)
+	proxy.SetMode(testenv.ProxyForward)
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
 	if err := cur.Wait(wctx); err != nil {
