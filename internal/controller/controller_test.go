@@ -677,9 +677,9 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 }
 
 // TestNodeGPULabelByService: a node's GPU label changes under a Service
-// route's endpoints (mapNode finds the slices with an endpoint on the node
-// by scanning them, without an index), and a node created after the start
-// with the route's endpoints on it is rendered with its GPU type.
+// route's endpoints (mapNode finds the slices with an endpoint on the
+// node), and a node created after the start with the route's endpoints on
+// it is rendered with its GPU type.
 func TestNodeGPULabelByService(t *testing.T) {
 	ns := namespace(t, "nodesvc")
 	startManager(t, ns)
@@ -708,8 +708,7 @@ func TestNodeGPULabelByService(t *testing.T) {
 	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"A100"}, []string{"H100"})
 
 	// The slice names a node the cache does not have yet: no GPU type
-	// for the route; the node's creation (after the initial sync)
-	// renders it.
+	// for the route; the node's creation renders it.
 	n2 := ns + "-gpu-2"
 	endpointSlice(t, ns, "qwen-a", "qwen", v4, 8000, []backend{{ip: "10.6.0.2", ready: true, node: n2}})
 	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"10.6.0.2:8000", "gpu_type= "}, []string{"10.6.0.1", "A100"})

@@ -211,19 +211,6 @@ func (s *initialSync) wait(ctx context.Context) {
 	}
 }
 
-// over tells whether the initial sync is over (true without one).
-func (s *initialSync) over() bool {
-	if s == nil {
-		return true
-	}
-	select {
-	case <-s.done:
-		return true
-	default:
-		return false
-	}
-}
-
 type initialSyncKey struct{}
 
 // inInitialSync tells a reconcile of the initial sync.

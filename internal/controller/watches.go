@@ -106,7 +106,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
-		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged(r.initial.over))).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
 		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)})
 	if r.Caches != nil {
@@ -207,11 +207,8 @@ func podChanged() predicate.Predicate {
 
 // gpuLabelChanged passes node events that can change a gpuType: a new node,
 // or a changed nvidia.com/gpu.product label.
-func gpuLabelChanged(synced func() bool) predicate.Predicate {
+func gpuLabelChanged() predicate.Predicate {
 	return predicate.Funcs{
-		// The nodes the cache lists at the start are no change: the
-		// initial sync renders every route with them.
-		CreateFunc: func(event.CreateEvent) bool { return synced() },
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			return e.ObjectOld.GetLabels()[discovery.GPUProductLabel] != e.ObjectNew.GetLabels()[discovery.GPUProductLabel]
 		},
@@ -285,16 +282,10 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 			}
 		}
 	}
-	// No index by node: it held a key per node of every slice (about 90,000
-	// at 10,000 pods on 50 nodes, 5 MB of the heap) for an event that is
-	// rare (a GPU label change; node creations are skipped until the
-	// initial sync is over), against one pass over the slices per event.
 	var sl discoveryv1.EndpointSliceList
-	if err := r.Client.List(ctx, &sl, client.UnsafeDisableDeepCopy); err == nil {
+	if err := r.Client.List(ctx, &sl, client.MatchingFields{discovery.IndexSliceNode: o.GetName()}); err == nil {
 		for i := range sl.Items {
-			if sliceOnNode(&sl.Items[i], o.GetName()) {
-				add(r.mapSlice(ctx, &sl.Items[i]))
-			}
+			add(r.mapSlice(ctx, &sl.Items[i]))
 		}
 	}
 	if r.pods != nil {
@@ -313,16 +304,6 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 		}
 	}
 	return out
-}
-
-// sliceOnNode: an endpoint of s is on node.
-func sliceOnNode(s *discoveryv1.EndpointSlice, node string) bool {
-	for _, ep := range s.Endpoints {
-		if ep.NodeName != nil && *ep.NodeName == node {
-			return true
-		}
-	}
-	return false
 }
 
 // configMapHandler re-renders routes on output ConfigMap events (metadata
