@@ -675,3 +675,43 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 	pod(t, selNS, "sel-1", app, "10.7.1.2", true, 8000)
 	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1"), host("10.7.1.2")}, nil)
 }
+
+// TestNodeGPULabelByService: a node's GPU label changes under a Service
+// route's endpoints (mapNode finds the slices with an endpoint on the
+// node), and a node created after the start with the route's endpoints on
+// it is rendered with its GPU type.
+func TestNodeGPULabelByService(t *testing.T) {
+	ns := namespace(t, "nodesvc")
+	startManager(t, ns)
+	node := func(name, product string) {
+		must(t, k8s.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"nvidia.com/gpu.product": product}}}))
+		t.Cleanup(func() {
+			_ = k8s.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		})
+	}
+	n1 := ns + "-gpu-1"
+	node(n1, "NVIDIA-H100-80GB-HBM3")
+	service(t, ns, "qwen", 8000)
+	endpointSlice(t, ns, "qwen-a", "qwen", v4, 8000, []backend{{ip: "10.6.0.1", ready: true, node: n1}})
+	endpointSlice(t, ns, "other-a", "other", v4, 8000, []backend{{ip: "10.6.0.9", ready: true, node: "elsewhere"}})
+	configMap(t, ns, "routes", nil, nil)
+	configMap(t, ns, "monitor", nil, nil)
+	createRoute(t, newRoute(ns, "qwen", "qwen", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: "monitor"}
+	}))
+	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"10.6.0.1:8000", "H100"}, nil)
+
+	var n corev1.Node
+	must(t, k8s.Get(context.Background(), client.ObjectKey{Name: n1}, &n))
+	n.Labels["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-80GB"
+	must(t, k8s.Update(context.Background(), &n))
+	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"A100"}, []string{"H100"})
+
+	// The slice names a node the cache does not have yet: no GPU type
+	// for the route; the node's creation renders it.
+	n2 := ns + "-gpu-2"
+	endpointSlice(t, ns, "qwen-a", "qwen", v4, 8000, []backend{{ip: "10.6.0.2", ready: true, node: n2}})
+	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"10.6.0.2:8000", "gpu_type= "}, []string{"10.6.0.1", "A100"})
+	node(n2, "NVIDIA-H100-80GB-HBM3")
+	waitKey(t, ns, "monitor", "qwen.monitor.conf", []string{"gpu_type=H100"}, []string{"gpu_type= "})
+}
