@@ -152,45 +152,44 @@ func (r *Reconciler) writeGuard(ctx context.Context, route *v1alpha1.ModelRoute)
 	}
 	adopt := route.Annotations[AdoptForeignKeysAnnotation] == "true"
 	legacy := ownedFromStatus(route.Status.Outputs)
-	return func(cm *corev1.ConfigMap, key string) (bool, error) {
+	return func(cm *corev1.ConfigMap, key string) error {
 		ref := cm.Namespace + "/" + cm.Name
 		field := fields[ref+"|"+key]
 		if v, present := cm.Data[key]; present {
 			c := compiler.ReadContent(key, []byte(v))
 			switch {
 			case c.Owner == me:
-				return false, nil
+				return nil
 			case c.Owner != "":
 				if alive, err := r.claims(ctx, c.Owner, cm, key); err != nil || alive {
-					return false, &ConflictError{ConfigMap: ref, Key: key, Owner: c.Owner, Holds: true, Field: field}
+					return &ConflictError{ConfigMap: ref, Key: key, Owner: c.Owner, Holds: true, Field: field}
 				}
 				// the owner is gone: the key is up for claims
 			case c.Free:
 			case key == compiler.CartKey && slices.Contains(legacy[ref], key):
 				// Written by this route before CART files had marks.
 			case !adopt:
-				return false, &ForeignError{ConfigMap: ref, Key: key, Field: field}
+				return &ForeignError{ConfigMap: ref, Key: key, Field: field}
 			}
 		}
-		first, others := r.firstClaimant(ctx, route, cm, key)
-		if first != me {
-			return false, &ConflictError{ConfigMap: ref, Key: key, Owner: first, Field: field}
+		if first := r.firstClaimant(ctx, route, cm, key); first != me {
+			return &ConflictError{ConfigMap: ref, Key: key, Owner: first, Field: field}
 		}
-		return others > 0, nil
+		return nil
 	}
 }
 
 // removeGuard lets route remove only keys that carry its own mark.
 func removeGuard(route *v1alpha1.ModelRoute) sink.Guard {
 	me := compiler.OwnerRef(route.Namespace, route.Name)
-	return func(cm *corev1.ConfigMap, key string) (bool, error) {
+	return func(cm *corev1.ConfigMap, key string) error {
 		if owner := compiler.ReadContent(key, []byte(cm.Data[key])).Owner; owner != me {
 			if owner == "" {
-				return false, fmt.Errorf("not written by autoconfig (no ownership mark): left in place")
+				return fmt.Errorf("not written by autoconfig (no ownership mark): left in place")
 			}
-			return false, fmt.Errorf("now written by ModelRoute %s: left in place", owner)
+			return fmt.Errorf("now written by ModelRoute %s: left in place", owner)
 		}
-		return false, nil
+		return nil
 	}
 }
 
@@ -219,21 +218,19 @@ func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string, trusted
 }
 
 // firstClaimant is the route (ns/name) with the best claim on an unowned
-// key: the oldest live claimant, then by namespace/name; others counts the
-// other live claimants. route counts as a claimant even before the cache
-// has it.
-func (r *Reconciler) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) (first string, others int) {
+// key: the oldest live claimant, then by namespace/name. route counts as a
+// claimant even before the cache has it.
+func (r *Reconciler) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) string {
 	best := route
 	for _, rt := range r.routesBy(ctx, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
 		if rt.UID == route.UID || !claimant(&rt, cm, key, r.TrustedNamespaces) {
 			continue
 		}
-		others++
 		if older(&rt, best) {
 			best = &rt
 		}
 	}
-	return compiler.OwnerRef(best.Namespace, best.Name), others
+	return compiler.OwnerRef(best.Namespace, best.Name)
 }
 
 // older orders routes by creationTimestamp, then namespace/name.

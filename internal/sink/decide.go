@@ -115,7 +115,7 @@ func renderChange(ref string, outs []compiler.Output, guard Guard, record func(c
 		ch := change{set: map[string]*string{}, sums: map[string]Sum{}}
 		for _, o := range outs {
 			if guard != nil {
-				if _, err := guard(c, o.Key); err != nil {
+				if err := guard(c, o.Key); err != nil {
 					ch.blocked = append(ch.blocked, KeyError{o.Key, err})
 					continue
 				}
@@ -155,7 +155,7 @@ func removeRequests(routeNS string, keys map[string][]string, guard Guard) []*re
 					continue
 				}
 				if guard != nil {
-					if _, err := guard(c, k); err != nil {
+					if err := guard(c, k); err != nil {
 						ch.blocked = append(ch.blocked, KeyError{k, err})
 						continue
 					}
@@ -178,7 +178,7 @@ func checkRequests(routeNS string, keys map[string][]string, guard Guard) []*req
 			var ch change
 			if guard != nil {
 				for _, k := range ks {
-					if _, err := guard(c, k); err != nil {
+					if err := guard(c, k); err != nil {
 						ch.blocked = append(ch.blocked, KeyError{k, err})
 					}
 				}

@@ -211,7 +211,7 @@ func TestUnbatchedWritesGoThroughTheBatch(t *testing.T) {
 }
 
 // TestUnbatchedNewKeyClaimIsGuardedByResourceVersion: writer A, with Window
-// 0 and a guard that does not ask for an exclusive addition, decides to
+// 0 and a guard that allows the absent key, decides to
 // add a key; before its patch, writer B (another process) adds the same
 // key. A's patch tests the resourceVersion of the content it decided on,
 // fails, and A, deciding again on the truth, is blocked by its guard: B's
@@ -223,15 +223,15 @@ func TestUnbatchedNewKeyClaimIsGuardedByResourceVersion(t *testing.T) {
 	a := &Writer{Client: k8s, APIReader: k8s}
 	var once sync.Once
 	decisions := 0
-	guardA := func(cm *corev1.ConfigMap, key string) (bool, error) {
+	guardA := func(cm *corev1.ConfigMap, key string) error {
 		decisions++
 		once.Do(func() {
-			res, err := b.Apply(ctx, ns, []compiler.Output{out(ns, "shared.conf", "owner=b\n")}, nonExclusive("b"))
+			res, err := b.Apply(ctx, ns, []compiler.Output{out(ns, "shared.conf", "owner=b\n")}, ownedBy("b"))
 			if err != nil || res[0].State != Written {
 				t.Errorf("writer B: %v %v", res, err)
 			}
 		})
-		return nonExclusive("a")(cm, key)
+		return ownedBy("a")(cm, key)
 	}
 	res, err := a.Apply(ctx, ns, []compiler.Output{out(ns, "shared.conf", "owner=a\n")}, guardA)
 	if err != nil || len(res) != 1 {
@@ -245,15 +245,6 @@ func TestUnbatchedNewKeyClaimIsGuardedByResourceVersion(t *testing.T) {
 	}
 	if decisions != 2 || a.Conflicts.Load() != 1 || a.Batches.Load() != 1 {
 		t.Fatalf("writer A: %d decisions, %d conflicts, %d batches; want 2, 1 and 1", decisions, a.Conflicts.Load(), a.Batches.Load())
-	}
-}
-
-// nonExclusive is ownedBy with exclusive false: the Writer guards every
-// addition of an absent key by the resourceVersion anyway.
-func nonExclusive(me string) Guard {
-	return func(cm *corev1.ConfigMap, key string) (bool, error) {
-		_, err := ownedBy(me)(cm, key)
-		return false, err
 	}
 }
 

@@ -22,12 +22,12 @@ import (
 // ownedBy is a Guard for tests: a key may be written when it is absent or
 // its value starts with "owner=<me>".
 func ownedBy(me string) Guard {
-	return func(cm *corev1.ConfigMap, key string) (bool, error) {
+	return func(cm *corev1.ConfigMap, key string) error {
 		v, ok := cm.Data[key]
 		if !ok || strings.HasPrefix(v, "owner="+me+"\n") {
-			return true, nil
+			return nil
 		}
-		return false, fmt.Errorf("owned by someone else: %q", v)
+		return fmt.Errorf("owned by someone else: %q", v)
 	}
 }
 
@@ -56,8 +56,8 @@ func TestGuardBlocksOneKey(t *testing.T) {
 }
 
 // TestRacingClaimsOfOneNewKey: ten writers with their own guards add the
-// same absent key at once, each as exclusive. The resourceVersion test of
-// an exclusive addition lets exactly one add it; every other one re-reads
+// same absent key at once. The resourceVersion test of every addition of
+// an absent key lets exactly one add it; every other one re-reads
 // and is blocked by its guard. Without the test, JSON patch adds without
 // any check and several win in turn (the last one's content stays).
 func TestRacingClaimsOfOneNewKey(t *testing.T) {

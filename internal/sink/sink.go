@@ -101,9 +101,8 @@ const MaxSize = 1 << 20
 // resourceVersion instead, always (so no route adds a key over another's
 // unseen addition, and a stale read cannot add a key someone else has
 // just added). Routes of one process adding their own keys to one
-// ConfigMap at once do not conflict: they go out in one batch. The
-// exclusive result is therefore not needed any more, and ignored.
-type Guard func(cm *corev1.ConfigMap, key string) (exclusive bool, err error)
+// ConfigMap at once do not conflict: they go out in one batch.
+type Guard func(cm *corev1.ConfigMap, key string) error
 
 // KeyError is one key a Guard blocked.
 type KeyError struct {
