@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"github.com/modelsphere/autoconfig/compiler"
+
 	"fmt"
 	"slices"
 	"strings"
@@ -77,7 +79,7 @@ const (
 	// ReasonCanaryNoBackends (condition Degraded): spec.canary is set but
 	// its discovery finds no endpoints, so every request falls through to
 	// the stable version.
-	ReasonCanaryNoBackends = "CanaryNoBackends"
+	ReasonCanaryNoBackends = compiler.ReasonCanaryNoBackends
 )
 
 // problem is one thing that keeps a route from Ready. waiting: the cluster

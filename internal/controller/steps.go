@@ -285,12 +285,13 @@ func compilerRoute(route *v1alpha1.ModelRoute) *compiler.Route {
 	return &compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}
 }
 
-// canaryDegraded says why the route's canary serves nothing ("" when it
-// has backends or the route has no canary): every request then falls
-// through to the stable version.
+// canaryDegraded says why the route's canary serves nothing ("" when the
+// compile found canary backends or the route has no canary: the
+// compiler's Result.CanaryNoBackends): every request then falls through
+// to the stable version.
 func canaryDegraded(st *state) string {
 	c := st.spec.Spec.Canary
-	if c == nil || len(st.snap.CanaryBackends) > 0 {
+	if c == nil || !st.result.CanaryNoBackends {
 		return ""
 	}
 	src := fmt.Sprintf("pods %q in %s", c.Discovery.Selector, st.route.Namespace)
