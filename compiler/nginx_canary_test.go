@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,9 +161,30 @@ type splitStatus struct {
 	Draws       int            `json:"draws"`
 }
 
+// settled reads counters with read until two reads 50 ms apart agree (at
+// most 3 s): the engine counts a request in its log phase, after the
+// response the client already has.
+func settled(read func() splitStatus) splitStatus {
+	s := read()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		n := read()
+		if reflect.DeepEqual(n, s) {
+			break
+		}
+		s = n
+	}
+	return s
+}
+
 // status reads the llm route's /_status canary part (any worker: the
-// counters are the route's dict's).
+// counters are the route's dict's), once the counters settled.
 func (rig *canaryRig) status(t *testing.T) splitStatus {
+	t.Helper()
+	return settled(func() splitStatus { return rig.statusOnce(t) })
+}
+
+func (rig *canaryRig) statusOnce(t *testing.T) splitStatus {
 	t.Helper()
 	resp, err := rig.client.Get(rig.n.URL(rig.route) + "_status")
 	if err != nil {
@@ -179,8 +201,14 @@ func (rig *canaryRig) status(t *testing.T) splitStatus {
 	return *s.Canary
 }
 
-// controlCounts reads GET /canary/<route> from the control socket.
+// controlCounts reads GET /canary/<route> from the control socket, once
+// the counters settled.
 func (rig *canaryRig) controlCounts(t *testing.T) splitStatus {
+	t.Helper()
+	return settled(func() splitStatus { return rig.controlCountsOnce(t) })
+}
+
+func (rig *canaryRig) controlCountsOnce(t *testing.T) splitStatus {
 	t.Helper()
 	resp, err := controlClient(rig.n).Get("http://localhost/canary/" + rig.route)
 	if err != nil {
