@@ -80,8 +80,10 @@ func (s *initialSync) begin(ctx context.Context) {
 // of each wave held.
 func (s *initialSync) run(ctx context.Context) {
 	defer close(s.done)
+	// Read-only: only each route's key and output ConfigMap are kept (a
+	// deep copy of every route stayed live through the whole sync).
 	var l v1alpha1.ModelRouteList
-	if err := s.r.Client.List(ctx, &l); err != nil {
+	if err := s.r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "initial sync: list routes; the workqueue reconciles them one by one")
 		return
 	}
@@ -90,33 +92,34 @@ func (s *initialSync) run(ctx context.Context) {
 	}
 	start := time.Now()
 	// The routes of one ConfigMap together, so that a wave writes it once.
-	order := make([]string, len(l.Items))
+	type entry struct {
+		order string
+		key   client.ObjectKey
+	}
+	entries := make([]entry, len(l.Items))
 	for i := range l.Items {
 		rt := &l.Items[i]
-		order[i] = compiler.ResolveRef(compilerRoute(rt), rt.Spec.Nginx.OutputConfigMap) + "\x00" + rt.Namespace + "/" + rt.Name
+		entries[i] = entry{compiler.ResolveRef(compilerRoute(rt), rt.Spec.Nginx.OutputConfigMap) + "\x00" + rt.Namespace + "/" + rt.Name, client.ObjectKeyFromObject(rt)}
 	}
-	idx := make([]int, len(l.Items))
-	for i := range idx {
-		idx[i] = i
+	l.Items = nil
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.order, b.order) })
+	keys := make([]client.ObjectKey, len(entries))
+	for i := range entries {
+		keys[i] = entries[i].key
 	}
-	slices.SortFunc(idx, func(a, b int) int { return strings.Compare(order[a], order[b]) })
-	routes := make([]v1alpha1.ModelRoute, len(l.Items))
-	for i, j := range idx {
-		routes[i] = l.Items[j]
-	}
-	l.Items = routes
+	entries = nil
 	ctx = context.WithValue(ctx, initialSyncKey{}, true)
-	rvs := make([]string, len(l.Items))
+	rvs := make([]string, len(keys))
 	var all sync.WaitGroup
-	for first := 0; first < len(l.Items); first += initialSyncWave {
-		last := min(first+initialSyncWave, len(l.Items))
+	for first := 0; first < len(keys); first += initialSyncWave {
+		last := min(first+initialSyncWave, len(keys))
 		w := &syncWave{waiting: last - first}
 		if s.r.sink != nil {
 			w.release = s.r.sink.Hold(initialSyncHold)
 		}
 		var wg sync.WaitGroup
 		for i := first; i < last; i++ {
-			key := client.ObjectKeyFromObject(&l.Items[i])
+			key := keys[i]
 			all.Add(1)
 			wg.Go(func() {
 				defer all.Done()
@@ -145,12 +148,12 @@ func (s *initialSync) run(ctx context.Context) {
 		}
 	}
 	all.Wait()
-	behind := s.awaitCache(ctx, l.Items, rvs)
+	behind := s.awaitCache(ctx, keys, rvs)
 	// The sync's transient heap is garbage now; return it to the OS
 	// instead of keeping it resident until the runtime's background
 	// scavenger gets to it.
 	debug.FreeOSMemory()
-	ctrl.Log.WithName(Name).Info("initial sync done", "routes", len(l.Items), "seconds", time.Since(start).Seconds(), "routesCacheBehind", behind)
+	ctrl.Log.WithName(Name).Info("initial sync done", "routes", len(keys), "seconds", time.Since(start).Seconds(), "routesCacheBehind", behind)
 }
 
 // awaitCache waits (at most initialSyncCacheWait) until the cache shows
@@ -160,7 +163,7 @@ func (s *initialSync) run(ctx context.Context) {
 // write would find the status changed and write it (and its event)
 // again; at 1000 routes, about 400 did. It returns how many routes the
 // cache still showed older.
-func (s *initialSync) awaitCache(ctx context.Context, routes []v1alpha1.ModelRoute, rvs []string) int {
+func (s *initialSync) awaitCache(ctx context.Context, keys []client.ObjectKey, rvs []string) int {
 	deadline := time.Now().Add(initialSyncCacheWait)
 	for {
 		var l v1alpha1.ModelRouteList
@@ -171,7 +174,7 @@ func (s *initialSync) awaitCache(ctx context.Context, routes []v1alpha1.ModelRou
 				cached[client.ObjectKeyFromObject(&l.Items[i])] = l.Items[i].ResourceVersion
 			}
 			for i, want := range rvs {
-				got, ok := cached[client.ObjectKeyFromObject(&routes[i])]
+				got, ok := cached[keys[i]]
 				if want == "" || !ok || got == want {
 					continue // gone, or as written
 				}
