@@ -56,8 +56,14 @@ func CacheOptions(namespaces []string) cache.Options {
 
 // stripUnread drops from every cached object what the controller never
 // reads and what is often its largest part: managed fields, and the copy
-// of the whole object kubectl apply keeps in an annotation.
+// of the whole object kubectl apply keeps in an annotation. EndpointSlices,
+// of which a cluster has about one per workload, are cut down to the
+// fields the controller reads (discovery.StripEndpointSlice).
 func stripUnread(o any) (any, error) {
+	switch o := o.(type) {
+	case *discoveryv1.EndpointSlice:
+		return discovery.StripEndpointSlice(o)
+	}
 	if a, err := meta.Accessor(o); err == nil {
 		if a.GetManagedFields() != nil { // as controller-runtime's TransformStripManagedFields
 			a.SetManagedFields(nil)
