@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -56,13 +57,16 @@ func CacheOptions(namespaces []string) cache.Options {
 
 // stripUnread drops from every cached object what the controller never
 // reads and what is often its largest part: managed fields, and the copy
-// of the whole object kubectl apply keeps in an annotation. EndpointSlices,
-// of which a cluster has about one per workload, are cut down to the
-// fields the controller reads (discovery.StripEndpointSlice).
+// of the whole object kubectl apply keeps in an annotation. EndpointSlices
+// and Services, of which a cluster has about one per workload, are cut
+// down to the fields the controller reads (discovery.StripEndpointSlice,
+// stripService).
 func stripUnread(o any) (any, error) {
 	switch o := o.(type) {
 	case *discoveryv1.EndpointSlice:
 		return discovery.StripEndpointSlice(o)
+	case *corev1.Service:
+		return stripService(o), nil
 	}
 	if a, err := meta.Accessor(o); err == nil {
 		if a.GetManagedFields() != nil { // as controller-runtime's TransformStripManagedFields
@@ -75,6 +79,50 @@ func stripUnread(o any) (any, error) {
 		}
 	}
 	return o, nil
+}
+
+// stripService keeps only what the controller reads of a Service:
+// identity, owner references and deletion (whose fallback Service it is),
+// the managed-by label and the fallback-for and allowed-route-namespaces
+// annotations, and of the spec the type, selector, cluster IPs and ports
+// (name, protocol, port, target port). Its status, the other labels and
+// annotations and the rest of the spec (IP families, traffic policies,
+// node ports, load balancer settings) are never read. The result is a new
+// object: the transform may run again on a cached one (a resync).
+func stripService(s *corev1.Service) *corev1.Service {
+	out := &corev1.Service{
+		TypeMeta: s.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
+			DeletionTimestamp: s.DeletionTimestamp, OwnerReferences: s.OwnerReferences,
+			Labels:      keep(s.Labels, ManagedByLabel),
+			Annotations: keep(s.Annotations, FallbackForAnnotation, sink.AllowedNamespacesAnnotation),
+		},
+		Spec: corev1.ServiceSpec{
+			Type: s.Spec.Type, Selector: s.Spec.Selector, ClusterIP: s.Spec.ClusterIP, ClusterIPs: s.Spec.ClusterIPs,
+		},
+	}
+	if len(s.Spec.Ports) > 0 {
+		out.Spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
+		for i, p := range s.Spec.Ports {
+			out.Spec.Ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort}
+		}
+	}
+	return out
+}
+
+// keep is the entries of m with the given keys (nil for none).
+func keep(m map[string]string, keys ...string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keys))
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // SetupWithManager registers the field indexes and the controller with its
