@@ -118,7 +118,7 @@ type OutputWriter interface {
 type state struct {
 	started time.Time            // the reconcile's start
 	route   *v1alpha1.ModelRoute // live object; its Status is patched at the end
-	spec    *v1alpha1.ModelRoute // validated, defaulted copy
+	spec    *v1alpha1.ModelRoute // validated, defaulted; read for its name, namespace and spec only
 	snap    compiler.Snapshot
 	result  compiler.Result
 	// fallback is the VIP of the route's owned fallback Service (FailOpen

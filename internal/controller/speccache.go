@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,7 +17,9 @@ import (
 )
 
 // specCache holds the validated spec per route UID and generation: CUE is
-// evaluated once per spec generation, never per endpoint change.
+// evaluated once per spec generation, never per endpoint change. It keeps
+// a route's name, namespace and validated spec, nothing of its metadata or
+// status.
 type specCache struct {
 	mu sync.Mutex
 	m  map[types.UID]specEntry
@@ -52,6 +55,14 @@ func (c *specCache) validate(v Validator, route *v1alpha1.ModelRoute) (*v1alpha1
 	var inv *schema.InvalidError
 	if err != nil && !errors.As(err, &inv) {
 		return nil, err // not cached: may be transient
+	}
+	if spec != nil {
+		// The validated route's readers (discovery, the compile, the
+		// fallback Service) read its name, namespace and spec only.
+		// ValidateObject's copy of the metadata and the status it shares
+		// with this reconcile's copy of the route would otherwise stay
+		// here for the route's life, beside the informer's own.
+		spec = &v1alpha1.ModelRoute{TypeMeta: spec.TypeMeta, ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: spec.Namespace}, Spec: spec.Spec}
 	}
 	c.mu.Lock()
 	if c.m == nil {

@@ -20,9 +20,6 @@ const (
 	// IndexSliceService indexes EndpointSlices by "ns/service" (from the
 	// kubernetes.io/service-name label).
 	IndexSliceService = "discovery.routing.modelsphere.dev/service"
-	// IndexSliceNode indexes EndpointSlices by the node names of their
-	// endpoints (a GPU label change re-renders the routes on that node).
-	IndexSliceNode = "discovery.routing.modelsphere.dev/node"
 	// IndexPodNode indexes Pods by spec.nodeName.
 	IndexPodNode = "pod.routing.modelsphere.dev/node"
 	// IndexRouteService indexes ModelRoutes by every Service they reference
@@ -124,19 +121,6 @@ func Indexes() []Index {
 				return nil
 			}
 			return []string{o.GetNamespace() + "/" + svc}
-		}},
-		{&discoveryv1.EndpointSlice{}, IndexSliceNode, func(o client.Object) []string {
-			s, ok := o.(*discoveryv1.EndpointSlice)
-			if !ok {
-				return nil
-			}
-			var out []string
-			for _, ep := range s.Endpoints {
-				if ep.NodeName != nil && *ep.NodeName != "" && !slices.Contains(out, *ep.NodeName) {
-					out = append(out, *ep.NodeName)
-				}
-			}
-			return out
 		}},
 		{&v1alpha1.ModelRoute{}, IndexRouteService, func(o client.Object) []string {
 			return RouteServices(o.(*v1alpha1.ModelRoute))
