@@ -168,7 +168,7 @@ func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 	// The first list as the reflector's: from the API server's watch
 	// cache (resourceVersion 0), not a read of etcd per selector at a
 	// cold start.
-	rv, err := w.replace(lctx, "0")
+	rv, _, _, err := w.replace(lctx, "0")
 	lcancel()
 	if err != nil {
 		e.err = fmt.Errorf("pod cache %s did not sync: %w", k, err)
@@ -329,16 +329,10 @@ func (w *podWatcher) apply(ctx context.Context, wi watch.Interface) (last string
 // difference, and only then marks the cache current. It returns the list's
 // version to watch from.
 func (w *podWatcher) relist(ctx context.Context) (string, error) {
-	w.mu.RLock()
-	before := w.pods
-	w.mu.RUnlock()
-	rv, err := w.replace(ctx, "")
+	rv, before, after, err := w.replace(ctx, "")
 	if err != nil {
 		return "", err
 	}
-	w.mu.RLock()
-	after := w.pods
-	w.mu.RUnlock()
 	// Deletions first, then additions and changes (a changed
 	// resourceVersion), as currentLW hands them to an informer.
 	changes := 0
@@ -363,19 +357,19 @@ func (w *podWatcher) relist(ctx context.Context) (string, error) {
 
 // replace lists the pods at version rv, retrying every currencyRetryMin
 // to currencyRetryMax until the API server answers or ctx ends (then with
-// the last error), and replaces the cache's pods with them: a pod whose
-// resourceVersion did not change stays the object stored before.
-func (w *podWatcher) replace(ctx context.Context, rv string) (string, error) {
+// the last error), and replaces the cache's pods with them (before and
+// after, by name): a pod whose resourceVersion did not change stays the
+// object stored before. Only the cache's goroutine changes its pods.
+func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, before, after map[string]*corev1.Pod, err error) {
 	delay := currencyRetryMin
 	var l *corev1.PodList
 	for {
-		var err error
 		l, err = w.api.List(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv})
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil {
-			return "", err
+			return "", nil, nil, err
 		}
 		if !unreachable(err) {
 			// An answer, not an absence (Forbidden, say): the cache
@@ -383,26 +377,26 @@ func (w *podWatcher) replace(ctx context.Context, rv string) (string, error) {
 			ctrl.Log.WithName(Name).Error(err, "pod cache: the list is refused; retrying", "namespace", w.key.ns, "selector", w.key.sel)
 		}
 		if !sleep(ctx, delay) {
-			return "", err
+			return "", nil, nil, err
 		}
 		delay = min(2*delay, currencyRetryMax)
 	}
 	w.mu.RLock()
-	before := w.pods
+	before = w.pods
 	w.mu.RUnlock()
-	pods := make(map[string]*corev1.Pod, len(l.Items))
+	after = make(map[string]*corev1.Pod, len(l.Items))
 	for i := range l.Items {
 		pod := &l.Items[i]
 		if old, ok := before[pod.Name]; ok && old.ResourceVersion == pod.ResourceVersion {
-			pods[pod.Name] = old
+			after[pod.Name] = old
 			continue
 		}
-		pods[pod.Name] = stripPod(pod)
+		after[pod.Name] = stripPod(pod)
 	}
 	w.mu.Lock()
-	w.pods = pods
+	w.pods = after
 	w.mu.Unlock()
-	return l.ResourceVersion, nil
+	return l.ResourceVersion, before, after, nil
 }
 
 // stripPod is discovery.StripPod of a pod: a new object, which shares
