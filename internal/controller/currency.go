@@ -12,19 +12,25 @@ package controller
 // nothing for 7 s and was current only 8.9 s after the API server
 // returned, and could write from its stale cache meanwhile.
 //
-// Every informer of the controller (the manager's and the pod caches) is
-// built here with a ListerWatcher (currentLW) whose watch never ends for the
-// reflector: when the API server's stream ends, the watch is resumed at
-// once from the last event; when it cannot be (the API server is away, or
-// the version is too old), the informer is stale, and it is retried every
-// 250 ms–1 s until the API server answers. Then it lists the collection
-// (a consistent read), hands the reflector the difference to the cache as
-// watch events (deletions, then additions and changes), waits until the
-// cache holds the last of them, and only then is current again and
-// resumes watching from the list's version. While any informer is stale,
-// reconciles wait (Wait) and a reconcile that began before a cut does not
-// write (Current); when the last one is current again, every route is
-// queued (OnCurrent).
+// Every informer of the manager is built here with a ListerWatcher
+// (currentLW) whose watch never ends for the reflector: when the API
+// server's stream ends, the watch is resumed at once from the last event;
+// when it cannot be (the API server is away, or the version is too old),
+// the informer is stale, and it is retried every 250 ms–1 s until the API
+// server answers. Then it lists the collection (a consistent read), hands
+// the reflector the difference to the cache as watch events (deletions,
+// then additions and changes), waits until the cache holds the last of
+// them, and only then is current again and resumes watching from the
+// list's version. While any cache is stale, reconciles wait (Wait) and a
+// reconcile that began before a cut does not write (Current); when the
+// last one is current again, every route is queued (OnCurrent).
+//
+// The pod caches (podcache.go) are not informers: each is one goroutine
+// that lists and watches by itself (podWatcher), and it keeps the same
+// rules in its own loop: a watch that ends is resumed at once; one that
+// cannot be makes the cache stale until a relist has replaced its pods
+// and its handlers have seen the difference. Both report to the same
+// CacheCurrency (a currencyMember each).
 
 import (
 	"context"
@@ -48,7 +54,7 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// How a stale informer retries: the pause between attempts doubles from
+// How a stale cache retries: the pause between attempts doubles from
 // currencyRetryMin to currencyRetryMax, so it is current again at most
 // about a second after the API server answers.
 const (
@@ -59,21 +65,22 @@ const (
 	currencyApplyTimeout = 30 * time.Second
 )
 
-// CacheCurrency tracks whether every informer built by NewInformer holds
-// what the API server holds. The zero value is not usable; a nil one
-// reports current always (tests that build no informers through it).
+// CacheCurrency tracks whether every informer built by NewInformer, and
+// every pod cache, holds what the API server holds. The zero value is not
+// usable; a nil one reports current always (tests that build no informers
+// through it).
 type CacheCurrency struct {
 	mu        sync.Mutex
-	stale     map[*currentLW]string // stale informers and why
-	epoch     uint64                // counts the cuts: changes when one begins
-	since     time.Time             // when the current cut began
-	current   chan struct{}         // closed while no informer is stale
+	stale     map[currencyMember]string // stale caches and why
+	epoch     uint64                    // counts the cuts: changes when one begins
+	since     time.Time                 // when the current cut began
+	current   chan struct{}             // closed while no cache is stale
 	onCurrent []func()
 }
 
-// NewCacheCurrency returns a CacheCurrency with no stale informer.
+// NewCacheCurrency returns a CacheCurrency with no stale cache.
 func NewCacheCurrency() *CacheCurrency {
-	c := &CacheCurrency{stale: map[*currentLW]string{}, current: make(chan struct{})}
+	c := &CacheCurrency{stale: map[currencyMember]string{}, current: make(chan struct{})}
 	close(c.current)
 	return c
 }
@@ -87,7 +94,7 @@ func (c *CacheCurrency) NewInformer(lw cache.ListerWatcher, obj runtime.Object, 
 	return inf
 }
 
-// Wait blocks while an informer is stale (or until ctx ends).
+// Wait blocks while a cache is stale (or until ctx ends).
 func (c *CacheCurrency) Wait(ctx context.Context) error {
 	if c == nil {
 		return nil
@@ -122,7 +129,7 @@ func (c *CacheCurrency) Epoch() uint64 {
 }
 
 // Current reports whether no cut began since Epoch returned epoch and no
-// informer is stale: what was read from the caches since then may be
+// cache is stale: what was read from the caches since then may be
 // written.
 func (c *CacheCurrency) Current(epoch uint64) bool {
 	if c == nil {
@@ -134,7 +141,7 @@ func (c *CacheCurrency) Current(epoch uint64) bool {
 }
 
 // OnCurrent registers f, called (in its own goroutine) each time the last
-// stale informer is current again.
+// stale cache is current again.
 func (c *CacheCurrency) OnCurrent(f func()) {
 	if c == nil {
 		return
@@ -144,7 +151,18 @@ func (c *CacheCurrency) OnCurrent(f func()) {
 	c.onCurrent = append(c.onCurrent, f)
 }
 
-func (c *CacheCurrency) markStale(w *currentLW, why error) {
+// currencyMember is a cache that reports to CacheCurrency while it is
+// stale: an informer's currentLW, or a pod cache's podWatcher. It is a map
+// key, so it must be comparable (a pointer).
+type currencyMember interface {
+	// cacheType names what the cache holds, for the logs.
+	cacheType() string
+}
+
+func (c *CacheCurrency) markStale(w currencyMember, why error) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.stale[w]; ok {
@@ -156,18 +174,21 @@ func (c *CacheCurrency) markStale(w *currentLW, why error) {
 		c.since = time.Now()
 		c.current = make(chan struct{})
 		ctrl.Log.WithName(Name).Info("cache not current: a watch ended and cannot be resumed; writes wait until every cache is current again",
-			"type", w.typ, "error", why.Error())
+			"type", w.cacheType(), "error", why.Error())
 	}
 }
 
-func (c *CacheCurrency) markCurrent(w *currentLW, changes int) {
+func (c *CacheCurrency) markCurrent(w currencyMember, changes int) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.stale[w]; !ok {
 		return
 	}
 	delete(c.stale, w)
-	ctrl.Log.WithName(Name).V(levelDebug).Info("cache current again", "type", w.typ, "changes", changes)
+	ctrl.Log.WithName(Name).V(levelDebug).Info("cache current again", "type", w.cacheType(), "changes", changes)
 	if len(c.stale) > 0 {
 		return
 	}
@@ -178,8 +199,12 @@ func (c *CacheCurrency) markCurrent(w *currentLW, changes int) {
 	}
 }
 
-// forget drops a stopped informer (a pod cache no route reads any more).
-func (c *CacheCurrency) forget(w *currentLW) {
+// forget drops a stopped cache (an informer, or a pod cache no route
+// reads any more), so that it cannot stay stale.
+func (c *CacheCurrency) forget(w currencyMember) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	_, ok := c.stale[w]
 	c.mu.Unlock()
@@ -209,6 +234,8 @@ type currentLW struct {
 }
 
 var _ cache.ListerWatcherWithContext = (*currentLW)(nil)
+
+func (w *currentLW) cacheType() string { return w.typ }
 
 // IsWatchListSemanticsUnSupported: the reflector lists and then watches
 // (currentLW resumes plain watches, not watch-list streams).

@@ -7,13 +7,28 @@ package controller
 // clusters with no selector route at all; a cache of a whole namespace
 // still cost every pod of the namespace for a route selecting five of
 // them. Each cache lists and watches with its selector, so the API server
-// sends only the pods it matches and memory follows the selected pods. A
-// cache is a plain client-go informer (7 goroutines, about 40 KiB before
-// its pods), on a connection the caches share without compression.
+// sends only the pods it matches and memory follows the selected pods.
+//
+// A cache is not a client-go informer but one goroutine (podWatcher.run)
+// that keeps the stripped pods (discovery.StripPod) in a map and hands
+// their events to the controller's one pod source (podEvents). With its
+// watch's stream decoder and HTTP/2 stream that is 3 goroutines per
+// cache; an informer was about 10 (reflector, resync timer, the FIFO's
+// pop, the controller's stop wait, the handler's run and pop, the stream
+// decoder and HTTP/2 stream, the currency forwarder), a 16 KiB event
+// buffer and the DeltaFIFO, indexer and processor besides: with 100
+// selectors, 1,000 goroutines and about 11 MB of the controller's peak.
+// The caches share a connection of their own without compression
+// (podCachesClient). A cache keeps the rules of the informers' currency
+// (currency.go) itself: a watch that ends is resumed at once from the last
+// version seen; one that cannot be makes the cache stale until a relist
+// has replaced its pods and the handlers have seen the difference.
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -24,21 +39,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -48,6 +58,15 @@ import (
 // selecting its pods went away: a route deleted and re-created (a rename,
 // a helm upgrade) does not relist its pods.
 const DefaultPodCacheIdle = time.Minute
+
+// podCacheSyncTimeout bounds a cache's first list: a reconcile that waits
+// longer for it fails, and the next one starts the cache again.
+const podCacheSyncTimeout = 2 * time.Minute
+
+// podWatchTimeout is the shortest time the API server keeps a pod cache's
+// watch open (the reflector's): each watch asks for a random time between
+// it and twice it, so that the caches do not all resume at once.
+const podWatchTimeout = 5 * time.Minute
 
 // podKey names one pod cache: the pods of namespace ns that selector sel
 // matches, sel in its canonical form (labels.Selector's String: sorted
@@ -76,21 +95,25 @@ type podCaches struct {
 	httpClient *http.Client
 	// inUse lists the caches routes currently read.
 	inUse func(ctx context.Context) ([]podKey, error)
-	// watch connects a started cache's pod events to the controller.
-	watch func(inf cache.Informer) error
-	idle  time.Duration
-	// currency builds the caches' informers (nil: client-go's own).
+	// events takes the caches' pod events to the controller (nil: they
+	// go nowhere, in tests without a controller).
+	events *podEvents
+	idle   time.Duration
+	// currency is told while a cache is stale (nil: nobody is).
 	currency *CacheCurrency
 
 	mu    sync.Mutex
 	byKey map[podKey]*selPods
 	pods  corev1client.PodsGetter // from cfg and httpClient, on first use
+	// closed: Start has ended (the manager stops); a cache whose first
+	// list comes in later stops at once.
+	closed bool
 }
 
 type selPods struct {
 	ready  chan struct{} // closed once synced (or failed: err set)
 	err    error
-	cache  *podStore
+	cache  *podWatcher
 	stop   context.CancelFunc
 	unused time.Time // since when no route reads these pods
 }
@@ -130,11 +153,9 @@ func (p *podCaches) reader(ctx context.Context, ns, selector string) (client.Rea
 	return e.cache, nil
 }
 
-// start runs the informer of the pods of k.ns that sel matches: a plain
-// client-go informer (a controller-runtime cache per selector cost about
-// 15 goroutines and 80 KiB before its first pod; with 100 selectors that
-// was most of what selector routes added to the controller), its pods
-// stripped (discovery.StripPod).
+// start lists the pods of k.ns that sel matches and, once they are in,
+// runs the cache's watcher (podWatcher.run) in its own goroutine; this one
+// ends with the list.
 func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 	defer close(e.ready)
 	pods, err := p.podsClient()
@@ -142,44 +163,28 @@ func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 		e.err = fmt.Errorf("pod cache %s: %w", k, err)
 		return
 	}
-	api := pods.Pods(k.ns)
-	selector := sel.String()
-	lw := &toolscache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = selector
-			return api.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = selector
-			return api.Watch(ctx, o)
-		},
-	}
-	newInformer := toolscache.NewSharedIndexInformer
-	if f := p.currency.newInformer(); f != nil {
-		newInformer = f
-	}
-	inf := newInformer(lw, &corev1.Pod{}, 0, toolscache.Indexers{})
-	if err := inf.SetTransform(discovery.StripPod); err != nil {
-		e.err = fmt.Errorf("pod cache %s: %w", k, err)
+	w := &podWatcher{key: k, selector: sel.String(), api: pods.Pods(k.ns), currency: p.currency, events: p.events}
+	lctx, lcancel := context.WithTimeout(context.Background(), podCacheSyncTimeout)
+	// The first list as the reflector's: from the API server's watch
+	// cache (resourceVersion 0), not a read of etcd per selector at a
+	// cold start.
+	rv, _, _, err := w.replace(lctx, "0")
+	lcancel()
+	if err != nil {
+		e.err = fmt.Errorf("pod cache %s did not sync: %w", k, err)
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go inf.RunWithContext(ctx)
-	sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer scancel()
-	if !toolscache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
-		cancel()
-		e.err = fmt.Errorf("pod cache %s did not sync", k)
-		return
-	}
-	if err := p.watch(inf); err != nil {
-		cancel()
-		e.err = fmt.Errorf("watch pods %s: %w", k, err)
-		return
-	}
 	p.mu.Lock()
-	e.cache, e.stop = &podStore{ns: k.ns, store: inf.GetStore()}, cancel
+	if p.closed {
+		p.mu.Unlock()
+		cancel()
+		e.err = fmt.Errorf("pod cache %s: stopped", k)
+		return
+	}
+	e.cache, e.stop = w, cancel
 	p.mu.Unlock()
+	go w.run(ctx, rv)
 	ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache started", "namespace", k.ns, "selector", k.sel)
 }
 
@@ -205,30 +210,235 @@ func (p *podCaches) podsClient() (corev1client.PodsGetter, error) {
 	return c, nil
 }
 
-// podStore reads one pod cache's store: the pods of namespace ns that its
-// selector matched (client.Reader, as the controller's cache).
-type podStore struct {
-	ns    string
-	store toolscache.Store
+// podWatcher is one pod cache: the pods of namespace key.ns that selector
+// matches, stripped, by name. It is the cache's client.Reader too.
+type podWatcher struct {
+	key      podKey
+	selector string
+	api      corev1client.PodInterface
+	currency *CacheCurrency
+	events   *podEvents
+
+	mu   sync.RWMutex
+	pods map[string]*corev1.Pod // never changed once stored: replaced
 }
 
-func (s *podStore) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+func (w *podWatcher) cacheType() string { return "Pod " + w.key.String() }
+
+// run watches the pods from version rv (that of the list start read) until
+// ctx ends, resuming each watch that ends from the last version seen; a
+// watch that cannot be resumed makes the cache stale until relist has
+// brought it current.
+func (w *podWatcher) run(ctx context.Context, rv string) {
+	defer w.currency.forget(w) // stopped: it cannot stay stale
+	// The listed pods, as an informer's handler added after its sync
+	// gets them.
+	for _, pod := range w.snapshot() {
+		w.events.create(pod)
+	}
+	stale := false
+	for ctx.Err() == nil {
+		if stale {
+			next, err := w.relist(ctx)
+			if err != nil {
+				return // ctx ended
+			}
+			rv, stale = next, false
+		}
+		timeout := int64(podWatchTimeout.Seconds() * (1 + rand.Float64()))
+		wi, err := w.api.Watch(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv,
+			AllowWatchBookmarks: true, TimeoutSeconds: &timeout})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.currency.markStale(w, err)
+			stale = true
+			continue
+		}
+		began := time.Now()
+		last, ended := w.apply(ctx, wi)
+		wi.Stop()
+		if last == "" && ended == nil && time.Since(began) < time.Second && ctx.Err() == nil {
+			// A watch that ends at once without an event did not reach
+			// the API server: client-go returns an empty watch, not an
+			// error, for a connection reset or a timeout.
+			ended = errors.New("the watch ended at once: the API server is not reachable")
+		}
+		if last != "" {
+			rv = last
+		}
+		if ended != nil {
+			// An error event (a version too old to resume, a server
+			// error): start over from a list.
+			w.currency.markStale(w, ended)
+			stale = true
+		}
+		// A stream that just ended (its timeout, or a cut) is resumed
+		// from rv at once; if that fails, the cache is stale.
+	}
+}
+
+// apply stores the events of wi and hands them to the handlers until wi
+// ends, ctx ends, or an error event arrives (returned). last is the
+// version of the last event (a bookmark's too).
+func (w *podWatcher) apply(ctx context.Context, wi watch.Interface) (last string, ended error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return last, nil
+		case ev, ok := <-wi.ResultChan():
+			if !ok {
+				return last, nil
+			}
+			if ev.Type == watch.Error {
+				return last, apierrors.FromObject(ev.Object)
+			}
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if pod.ResourceVersion != "" {
+				last = pod.ResourceVersion
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				now := stripPod(pod)
+				w.mu.Lock()
+				old := w.pods[now.Name]
+				w.pods[now.Name] = now
+				w.mu.Unlock()
+				if old != nil {
+					w.events.update(old, now)
+				} else {
+					w.events.create(now)
+				}
+			case watch.Deleted:
+				gone := stripPod(pod)
+				w.mu.Lock()
+				delete(w.pods, gone.Name)
+				w.mu.Unlock()
+				w.events.delete(gone)
+			}
+		}
+	}
+}
+
+// relist lists the pods (a consistent read) until the API server answers
+// or ctx ends, replaces the cache's pods with them, hands the handlers the
+// difference, and only then marks the cache current. It returns the list's
+// version to watch from.
+func (w *podWatcher) relist(ctx context.Context) (string, error) {
+	rv, before, after, err := w.replace(ctx, "")
+	if err != nil {
+		return "", err
+	}
+	// Deletions first, then additions and changes (a changed
+	// resourceVersion), as currentLW hands them to an informer.
+	changes := 0
+	for name, old := range before {
+		if _, ok := after[name]; !ok {
+			w.events.delete(old)
+			changes++
+		}
+	}
+	for name, now := range after {
+		if old, ok := before[name]; !ok {
+			w.events.create(now)
+			changes++
+		} else if old != now {
+			w.events.update(old, now)
+			changes++
+		}
+	}
+	w.currency.markCurrent(w, changes)
+	return rv, nil
+}
+
+// replace lists the pods at version rv, retrying every currencyRetryMin
+// to currencyRetryMax until the API server answers or ctx ends (then with
+// the last error), and replaces the cache's pods with them (before and
+// after, by name): a pod whose resourceVersion did not change stays the
+// object stored before. Only the cache's goroutine changes its pods.
+func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, before, after map[string]*corev1.Pod, err error) {
+	delay := currencyRetryMin
+	var l *corev1.PodList
+	for {
+		l, err = w.api.List(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return "", nil, nil, err
+		}
+		if !unreachable(err) {
+			// An answer, not an absence (Forbidden, say): the cache
+			// waits until it is fixed.
+			ctrl.Log.WithName(Name).Error(err, "pod cache: the list is refused; retrying", "namespace", w.key.ns, "selector", w.key.sel)
+		}
+		if !sleep(ctx, delay) {
+			return "", nil, nil, err
+		}
+		delay = min(2*delay, currencyRetryMax)
+	}
+	w.mu.RLock()
+	before = w.pods
+	w.mu.RUnlock()
+	after = make(map[string]*corev1.Pod, len(l.Items))
+	for i := range l.Items {
+		pod := &l.Items[i]
+		if old, ok := before[pod.Name]; ok && old.ResourceVersion == pod.ResourceVersion {
+			after[pod.Name] = old
+			continue
+		}
+		after[pod.Name] = stripPod(pod)
+	}
+	w.mu.Lock()
+	w.pods = after
+	w.mu.Unlock()
+	return l.ResourceVersion, before, after, nil
+}
+
+// stripPod is discovery.StripPod of a pod: a new object, which shares
+// nothing large with pod (the list or the watch event it came in).
+func stripPod(pod *corev1.Pod) *corev1.Pod {
+	o, _ := discovery.StripPod(pod)
+	return o.(*corev1.Pod)
+}
+
+// snapshot is the cache's pods (the stored objects: not to be changed).
+func (w *podWatcher) snapshot() []*corev1.Pod {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	out := make([]*corev1.Pod, 0, len(w.pods))
+	for _, pod := range w.pods {
+		out = append(out, pod)
+	}
+	return out
+}
+
+// Get reads a pod of the cache (client.Reader, as the controller's cache).
+func (w *podWatcher) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
 	out, ok := obj.(*corev1.Pod)
 	if !ok {
 		return fmt.Errorf("pod cache: cannot read a %T", obj)
 	}
-	item, exists, err := s.store.GetByKey(key.Namespace + "/" + key.Name)
-	if err != nil {
-		return err
+	var pod *corev1.Pod
+	if key.Namespace == w.key.ns {
+		w.mu.RLock()
+		pod = w.pods[key.Name]
+		w.mu.RUnlock()
 	}
-	if !exists {
+	if pod == nil {
 		return apierrors.NewNotFound(corev1.Resource("pods"), key.Name)
 	}
-	item.(*corev1.Pod).DeepCopyInto(out)
+	pod.DeepCopyInto(out)
 	return nil
 }
 
-func (s *podStore) List(_ context.Context, list client.ObjectList, opts ...client.ListOption) error {
+// List lists the cache's pods (client.Reader): those of a label selector
+// among them, copies unless UnsafeDisableDeepCopy.
+func (w *podWatcher) List(_ context.Context, list client.ObjectList, opts ...client.ListOption) error {
 	out, ok := list.(*corev1.PodList)
 	if !ok {
 		return fmt.Errorf("pod cache: cannot list into a %T", list)
@@ -239,12 +449,11 @@ func (s *podStore) List(_ context.Context, list client.ObjectList, opts ...clien
 		return fmt.Errorf("pod cache: field selectors are not supported (%s)", o.FieldSelector)
 	}
 	out.Items = nil
-	if o.Namespace != "" && o.Namespace != s.ns {
+	if o.Namespace != "" && o.Namespace != w.key.ns {
 		return nil
 	}
 	unsafe := o.UnsafeDisableDeepCopy != nil && *o.UnsafeDisableDeepCopy
-	for _, item := range s.store.List() {
-		pod := item.(*corev1.Pod)
+	for _, pod := range w.snapshot() {
 		if o.LabelSelector != nil && !o.LabelSelector.Matches(labels.Set(pod.Labels)) {
 			continue
 		}
@@ -333,6 +542,7 @@ func (p *podCaches) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			p.mu.Lock()
+			p.closed = true
 			for _, e := range p.byKey {
 				if e.stop != nil {
 					e.stop()
@@ -346,16 +556,82 @@ func (p *podCaches) Start(ctx context.Context) error {
 	}
 }
 
-// podWatch connects a pod cache's events to the controller: through
+// podEvents is the controller's one source of pod events: every pod cache
+// hands its events to it, and it passes them to the handlers with the
+// controller's queue (a source.Informer per cache was a handler with its
+// own goroutines and buffer per cache). The objects are the caches'
+// stored pods, as an informer gives its handlers: they must not be
+// changed.
+type podEvents struct {
+	h podHandlers
+	// caches are replayed to the handlers when the controller starts.
+	caches *podCaches
+
+	mu  sync.RWMutex
+	q   workqueue.TypedRateLimitingInterface[reconcile.Request]
+	ctx context.Context // the controller's
+}
+
+// newPodEvents is the source of the pod events of r's caches: through
 // mapPod, with podChanged dropping updates discovery does not read, and
-// through the consumer pods' handler. One handler per cache: each handler
-// of an informer keeps its own event buffer.
-func (r *Reconciler) podWatch(c controller.Controller) func(cache.Informer) error {
-	return func(inf cache.Informer) error {
-		return c.Watch(&source.Informer{Informer: inf, Handler: podHandlers{
-			selected: handler.EnqueueRequestsFromMapFunc(r.mapPod), changed: podChanged(),
-			consumers: r.consumerPodHandler(),
-		}})
+// through the consumer pods' handler.
+func (r *Reconciler) newPodEvents(caches *podCaches) *podEvents {
+	return &podEvents{caches: caches, h: podHandlers{
+		selected: handler.EnqueueRequestsFromMapFunc(r.mapPod), changed: podChanged(),
+		consumers: r.consumerPodHandler(),
+	}}
+}
+
+// Start implements source.Source: the controller starts it when this
+// replica leads. Until then there is no queue and the events go nowhere:
+// the initial sync reconciles every route when the replica starts leading.
+func (s *podEvents) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	s.mu.Lock()
+	s.q, s.ctx = q, ctx
+	s.mu.Unlock()
+	if s.caches != nil {
+		// The pods of the caches started before, as an informer gives
+		// a handler added late; in the background, as an informer's
+		// handler gets them: the handlers read the manager's cache,
+		// which may not have synced yet.
+		go func() {
+			for _, e := range s.caches.synced() {
+				for _, pod := range e.cache.snapshot() {
+					s.create(pod)
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+func (s *podEvents) String() string { return "pod caches" }
+
+// target is the controller's context and queue, nil before Start.
+func (s *podEvents) target() (context.Context, workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	if s == nil {
+		return nil, nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ctx, s.q
+}
+
+func (s *podEvents) create(pod *corev1.Pod) {
+	if ctx, q := s.target(); q != nil {
+		s.h.Create(ctx, event.CreateEvent{Object: pod}, q)
+	}
+}
+
+func (s *podEvents) update(old, now *corev1.Pod) {
+	if ctx, q := s.target(); q != nil {
+		s.h.Update(ctx, event.UpdateEvent{ObjectOld: old, ObjectNew: now}, q)
+	}
+}
+
+func (s *podEvents) delete(pod *corev1.Pod) {
+	if ctx, q := s.target(); q != nil {
+		s.h.Delete(ctx, event.DeleteEvent{Object: pod}, q)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -211,13 +210,12 @@ func TestPodCacheHeap(t *testing.T) {
 	for _, shape := range []struct{ name, sel string }{
 		// The small ones first: what is left of a stopped cache is
 		// then small too. A selector matching nothing is the cost of
-		// a cache without pods (client, mapper, informer).
+		// a cache without pods (its watcher, map and watch).
 		{"selector matching none", "app=none"},
 		{"selector app=sel, 1% (after)", "app=sel"},
 		{"whole namespace (before)", ""},
 	} {
-		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute,
-			watch: func(cache.Informer) error { return nil }}
+		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute}
 		before, gBefore, sBefore := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
 			t.Fatal(err)

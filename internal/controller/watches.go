@@ -169,10 +169,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		r.Caches.OnCurrent(rs.queueAll)
 		b = b.WatchesRawSource(rs)
 	}
-	c, err := b.Build(r)
-	if err != nil {
-		return err
-	}
 	idle := r.PodCacheIdle
 	if idle <= 0 {
 		idle = DefaultPodCacheIdle
@@ -181,7 +177,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err != nil {
 		return err
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, watch: r.podWatch(c), idle: idle, currency: r.Caches}
+	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, idle: idle, currency: r.Caches}
+	// One source for the events of every pod cache, started with the
+	// controller (podEvents).
+	r.pods.events = r.newPodEvents(r.pods)
+	b = b.WatchesRawSource(r.pods.events)
+	if _, err := b.Build(r); err != nil {
+		return err
+	}
 	return mgr.Add(r.pods)
 }
 
