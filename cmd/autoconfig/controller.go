@@ -83,6 +83,7 @@ type controllerOptions struct {
 	qps                     float32
 	burst                   int
 	memoryLimitRatio        float64
+	memoryLiveRatio         float64
 	gcPercent               int
 }
 
@@ -157,6 +158,7 @@ func (o *controllerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.burst, "kube-api-burst", DefaultKubeAPIBurst, "client-side burst above --kube-api-qps (ignored when it is negative)")
 	fs.IntVar(&o.gcPercent, "gc-percent", memlimit.DefaultGCPercent, "the Go garbage collector's target heap growth over live data, in percent (GOGC): lower uses less memory and more CPU; 0 keeps Go's default of 100; an explicit GOGC wins")
 	fs.Float64Var(&o.memoryLimitRatio, "memory-limit-ratio", memlimit.DefaultRatio, "set the Go soft memory limit (GOMEMLIMIT) to this share of the container's memory limit, read from its cgroup; 0 disables; an explicit GOMEMLIMIT wins")
+	fs.Float64Var(&o.memoryLiveRatio, "memory-live-ratio", memlimit.DefaultLiveRatio, "keep the Go runtime's memory within this multiple of its live data (live heap and goroutine stacks; the largest seen, and at least 48 MiB) with a soft memory limit that follows it, so that what a burst of work needed returns to the OS; 0 disables; never above the limit --memory-limit-ratio sets; an explicit GOMEMLIMIT wins")
 }
 
 func (o *controllerOptions) Validate() error {
@@ -177,6 +179,9 @@ func (o *controllerOptions) Validate() error {
 		errs = append(errs, fmt.Errorf("--leader-elect-renew-deadline (%v) must be less than --leader-elect-lease-duration (%v): a leader that cannot renew must stop before a standby takes over", o.renewDeadline, o.leaseDuration))
 	case o.renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(o.retryPeriod)):
 		errs = append(errs, fmt.Errorf("--leader-elect-retry-period (%v) must be less than --leader-elect-renew-deadline (%v) / %v: the leader needs more than one jittered retry to renew", o.retryPeriod, o.renewDeadline, leaderelection.JitterFactor))
+	}
+	if o.memoryLiveRatio != 0 && (o.memoryLiveRatio < 1.25 || o.memoryLiveRatio > 10) {
+		errs = append(errs, fmt.Errorf("--memory-live-ratio must be 0 (off) or between 1.25 and 10, not %v: below 1.25 the garbage collector would run almost without pause", o.memoryLiveRatio))
 	}
 	if o.memoryLimitRatio < 0 || o.memoryLimitRatio > 1 {
 		errs = append(errs, fmt.Errorf("--memory-limit-ratio must be between 0 and 1, not %v", o.memoryLimitRatio))
@@ -227,11 +232,13 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		runtime.MemProfileRate = 0
 	}
 	gogc := memlimit.SetGCPercent(o.gcPercent)
-	if soft, why, err := memlimit.Set("/sys/fs/cgroup", o.memoryLimitRatio); err != nil {
-		log.Error(err, "cannot read the container memory limit; no soft memory limit set")
-	} else {
-		log.Info("memory limit", "goMemLimit", soft, "reason", why, "gcPercent", gogc)
+	soft, why, err := memlimit.Set("/sys/fs/cgroup", o.memoryLimitRatio)
+	if err != nil {
+		log.Error(err, "cannot read the container memory limit; no soft memory limit set from it")
 	}
+	follow := memlimit.Follower{Ratio: o.memoryLiveRatio, Floor: memlimit.DefaultLiveFloor, Cap: soft}
+	following := follow.Follow(ctx)
+	log.Info("memory limit", "goMemLimit", soft, "reason", why, "gcPercent", gogc, "followsLiveData", following, "liveRatio", o.memoryLiveRatio)
 	scheme := k8sruntime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return err

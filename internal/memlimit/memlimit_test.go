@@ -1,11 +1,14 @@
 package memlimit
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 )
 
 func TestLimit(t *testing.T) {
@@ -62,5 +65,79 @@ func TestSetGCPercent(t *testing.T) {
 	debug.SetGCPercent(200) // what the runtime read from the environment
 	if got := SetGCPercent(50); got != "GOGC=200 is set" || debug.SetGCPercent(200) != 200 {
 		t.Fatalf("with GOGC=200: %q, or GOGC overridden", got)
+	}
+}
+
+func TestFollowerLimit(t *testing.T) {
+	f := Follower{Ratio: 1.5, Floor: 48 << 20}
+	for _, c := range []struct{ live, want int64 }{
+		{0, 48 << 20},          // nothing live yet: the floor
+		{20 << 20, 48 << 20},   // 30 MiB: still the floor
+		{40 << 20, 60 << 20},   // 1.5×
+		{400 << 20, 600 << 20}, // grows with the cluster
+	} {
+		if got := f.Limit(c.live); got != c.want {
+			t.Errorf("Limit(%d MiB) = %d MiB, want %d MiB", c.live>>20, got>>20, c.want>>20)
+		}
+	}
+	f.Cap = 500 << 20 // the container's limit wins
+	if got := f.Limit(400 << 20); got != 500<<20 {
+		t.Errorf("capped: %d MiB, want 500", got>>20)
+	}
+}
+
+// TestFollow runs the follower in this process: the runtime's limit
+// becomes 1.5× the live data (or the floor), grows with a live data that
+// grows, does not fall when it shrinks, and is lifted when the context
+// ends; GOMEMLIMIT turns it off.
+func TestFollow(t *testing.T) {
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	t.Setenv("GOMEMLIMIT", "")
+	f := Follower{Ratio: 1.5, Floor: 8 << 20}
+	ctx, cancel := context.WithCancel(context.Background())
+	if !f.Follow(ctx) {
+		t.Fatal("Follow did not start")
+	}
+	limit := func() int64 { return debug.SetMemoryLimit(-1) }
+	if l := limit(); l == math.MaxInt64 || l < f.Floor {
+		t.Fatalf("limit after Follow: %d", l)
+	}
+	// 64 MiB more live data: the limit follows it up.
+	keep := make([][]byte, 64)
+	for i := range keep {
+		keep[i] = make([]byte, 1<<20)
+		keep[i][0] = 1
+	}
+	runtime.GC()
+	waitFor(t, func() bool { return limit() >= int64(1.5*float64(64<<20)) }, "the limit to follow 64 MiB of live data up")
+	high := limit()
+	runtime.KeepAlive(keep)
+	keep = nil
+	runtime.GC()
+	runtime.GC()
+	time.Sleep(3 * liveInterval)
+	if l := limit(); l < high {
+		t.Fatalf("the limit fell with the live data: %d MiB after %d MiB", l>>20, high>>20)
+	}
+	cancel()
+	waitFor(t, func() bool { return limit() == math.MaxInt64 }, "the limit to be lifted when the context ends")
+
+	t.Setenv("GOMEMLIMIT", "300MiB")
+	if f.Follow(context.Background()) {
+		t.Fatal("Follow started although GOMEMLIMIT is set")
+	}
+	if (Follower{}).Follow(context.Background()) {
+		t.Fatal("Follow started with ratio 0")
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
