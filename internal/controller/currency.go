@@ -316,12 +316,7 @@ func (w *currentLW) run(ctx context.Context, opts metav1.ListOptions, out chan<-
 		began := time.Now()
 		last, ended := forward(ctx, inner, out)
 		inner.Stop()
-		if last == "" && ended == nil && time.Since(began) < time.Second && ctx.Err() == nil {
-			// A watch that ends at once without an event did not reach
-			// the API server: client-go returns an empty watch, not an
-			// error, for a connection reset or a timeout.
-			ended = errors.New("the watch ended at once: the API server is not reachable")
-		}
+		ended = watchEnd(ctx, began, last, ended)
 		if last != "" {
 			rv = last
 		}
@@ -334,6 +329,18 @@ func (w *currentLW) run(ctx context.Context, opts metav1.ListOptions, out chan<-
 		// A stream that just ended (its timeout, or a cut) is resumed
 		// from rv at once; if that fails, the informer is stale.
 	}
+}
+
+// watchEnd is why a watch that ended (began at began, its last event's
+// version last, its error event ended) cannot simply be resumed: its error
+// event, or, for a watch that ended at once without an event, that it did
+// not reach the API server (client-go returns an empty watch, not an
+// error, for a connection reset or a timeout). nil: resume it from last.
+func watchEnd(ctx context.Context, began time.Time, last string, ended error) error {
+	if last == "" && ended == nil && time.Since(began) < time.Second && ctx.Err() == nil {
+		return errors.New("the watch ended at once: the API server is not reachable")
+	}
+	return ended
 }
 
 func (w *currentLW) setStale(why error) {

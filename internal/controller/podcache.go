@@ -26,7 +26,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -259,12 +258,7 @@ func (w *podWatcher) run(ctx context.Context, rv string) {
 		began := time.Now()
 		last, ended := w.apply(ctx, wi)
 		wi.Stop()
-		if last == "" && ended == nil && time.Since(began) < time.Second && ctx.Err() == nil {
-			// A watch that ends at once without an event did not reach
-			// the API server: client-go returns an empty watch, not an
-			// error, for a connection reset or a timeout.
-			ended = errors.New("the watch ended at once: the API server is not reachable")
-		}
+		ended = watchEnd(ctx, began, last, ended)
 		if last != "" {
 			rv = last
 		}
