@@ -331,6 +331,30 @@ func (w *currentLW) run(ctx context.Context, opts metav1.ListOptions, out chan<-
 	}
 }
 
+// listUntilAnswered calls list until the API server answers, pausing
+// currencyRetryMin, doubling to currencyRetryMax, between attempts; a
+// refusal (an answer, not an absence: Forbidden, say) is logged, and the
+// cache waits until it is fixed. When ctx ends it returns the last error.
+func listUntilAnswered[T any](ctx context.Context, typ string, list func(context.Context) (T, error)) (T, error) {
+	delay := currencyRetryMin
+	for {
+		l, err := list(ctx)
+		if err == nil {
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			return l, err
+		}
+		if !unreachable(err) {
+			ctrl.Log.WithName(Name).Error(err, "cache not current: the list is refused; retrying", "type", typ)
+		}
+		if !sleep(ctx, delay) {
+			return l, err
+		}
+		delay = min(2*delay, currencyRetryMax)
+	}
+}
+
 // watchEnd is why a watch that ended (began at began, its last event's
 // version last, its error event ended) cannot simply be resumed: its error
 // event, or, for a watch that ended at once without an event, that it did
@@ -381,27 +405,12 @@ func forward(ctx context.Context, inner watch.Interface, out chan<- watch.Event)
 // the last of them, and marks the informer current. It returns the list's
 // version to watch from.
 func (w *currentLW) catchUp(ctx context.Context, opts metav1.ListOptions, out chan<- watch.Event) (string, error) {
-	delay := currencyRetryMin
-	var list runtime.Object
-	for {
-		lo := metav1.ListOptions{LabelSelector: opts.LabelSelector, FieldSelector: opts.FieldSelector} // a consistent read
-		l, err := w.inner.ListWithContext(ctx, lo)
-		if err == nil {
-			list = l
-			break
-		}
-		if ctx.Err() != nil {
-			return "", ctx.Err()
-		}
-		if !unreachable(err) {
-			// An answer, not an absence (Forbidden, say): writes wait
-			// until it is fixed.
-			ctrl.Log.WithName(Name).Error(err, "cache not current: the list is refused; retrying", "type", w.typ)
-		}
-		if !sleep(ctx, delay) {
-			return "", ctx.Err()
-		}
-		delay = min(2*delay, currencyRetryMax)
+	lo := metav1.ListOptions{LabelSelector: opts.LabelSelector, FieldSelector: opts.FieldSelector} // a consistent read
+	list, err := listUntilAnswered(ctx, w.typ, func(ctx context.Context) (runtime.Object, error) {
+		return w.inner.ListWithContext(ctx, lo)
+	})
+	if err != nil {
+		return "", err
 	}
 	lm, err := meta.ListAccessor(list)
 	if err != nil {

@@ -355,25 +355,11 @@ func (w *podWatcher) relist(ctx context.Context) (string, error) {
 // after, by name): a pod whose resourceVersion did not change stays the
 // object stored before. Only the cache's goroutine changes its pods.
 func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, before, after map[string]*corev1.Pod, err error) {
-	delay := currencyRetryMin
-	var l *corev1.PodList
-	for {
-		l, err = w.api.List(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv})
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return "", nil, nil, err
-		}
-		if !unreachable(err) {
-			// An answer, not an absence (Forbidden, say): the cache
-			// waits until it is fixed.
-			ctrl.Log.WithName(Name).Error(err, "pod cache: the list is refused; retrying", "namespace", w.key.ns, "selector", w.key.sel)
-		}
-		if !sleep(ctx, delay) {
-			return "", nil, nil, err
-		}
-		delay = min(2*delay, currencyRetryMax)
+	l, err := listUntilAnswered(ctx, w.cacheType(), func(ctx context.Context) (*corev1.PodList, error) {
+		return w.api.List(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv})
+	})
+	if err != nil {
+		return "", nil, nil, err
 	}
 	w.mu.RLock()
 	before = w.pods

@@ -6,7 +6,6 @@ import (
 	"github.com/modelsphere/autoconfig/schema/routespec"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,8 +19,6 @@ const (
 	// IndexSliceService indexes EndpointSlices by "ns/service" (from the
 	// kubernetes.io/service-name label).
 	IndexSliceService = "discovery.routing.modelsphere.dev/service"
-	// IndexPodNode indexes Pods by spec.nodeName.
-	IndexPodNode = "pod.routing.modelsphere.dev/node"
 	// IndexRouteService indexes ModelRoutes by every Service they reference
 	// ("ns/name": discovery, cart and nginx entry).
 	IndexRouteService = "route.routing.modelsphere.dev/service"
@@ -92,16 +89,6 @@ func RouteSelectors(r *v1alpha1.ModelRoute) []string {
 	return out
 }
 
-// PodNodeIndex is the IndexPodNode function. Pods are cached per
-// namespace and selector, only the pods routes select, so it is registered
-// on those caches, not by SetupIndexes.
-func PodNodeIndex(o client.Object) []string {
-	if p, ok := o.(*corev1.Pod); ok && p.Spec.NodeName != "" {
-		return []string{p.Spec.NodeName}
-	}
-	return nil
-}
-
 // Index is one field index: the key, the object kind it indexes and the
 // function computing an object's values.
 type Index struct {
@@ -111,7 +98,7 @@ type Index struct {
 }
 
 // Indexes are the field indexes the controller's cache carries (all of the
-// keys above but IndexPodNode). IndexedReader evaluates the same functions
+// keys above). IndexedReader evaluates the same functions
 // over live lists, so the CLI finds what the controller finds.
 func Indexes() []Index {
 	return []Index{
