@@ -136,7 +136,7 @@ func (r *Reconciler) reportChanges(st *state, outcomes []sink.Outcome) {
 	key := types.NamespacedName{Namespace: route.Namespace, Name: route.Name}
 	now := time.Now()
 	changeToWrite.Observe(now.Sub(st.started).Seconds())
-	routeLastWrite.WithLabelValues(key.Namespace, key.Name).Set(float64(now.Unix()))
+	routeSeries.set(key, gaugeLastWrite, float64(now.Unix()))
 	backends := endpointSet(st.snap.Backends)
 	added, removed, first, event, suppressed := r.Routes.changes.record(key, backends, now)
 	what := "first write since the controller started"

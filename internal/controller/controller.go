@@ -305,8 +305,9 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 	if !(inInitialSync(ctx) && firstReady(orig, route)) {
 		r.emitTransition(orig, route)
 	}
-	routeBackends.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.Backends))
-	routeCartPeers.WithLabelValues(route.Namespace, route.Name).Set(float64(route.Status.CartPeers))
+	key := types.NamespacedName{Namespace: route.Namespace, Name: route.Name}
+	routeSeries.set(key, gaugeBackends, float64(route.Status.Backends))
+	routeSeries.set(key, gaugeCartPeers, float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {
 		return retErr
 	}

@@ -71,7 +71,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 			configMapWrites.WithLabelValues(string(o.State)).Inc()
 			blocked += len(o.Blocked)
 		}
-		routeBlockedKeys.WithLabelValues(st.route.Namespace, st.route.Name).Set(float64(blocked))
+		routeSeries.set(client.ObjectKeyFromObject(st.route), gaugeBlockedKeys, float64(blocked))
 		r.reportChanges(st, outcomes)
 	}
 	if known {
