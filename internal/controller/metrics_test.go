@@ -71,15 +71,16 @@ func TestRouteSeries(t *testing.T) {
 }
 
 // TestRouteSeriesMemory bounds the live heap the per-route gauges keep:
-// four series for each of 1000 routes. As GaugeVec children they kept
+// four series for each of 5000 routes (many, so the heap other tests'
+// goroutines move in the meantime is small per route). As GaugeVec children they kept
 // 1,673 bytes per route (label pairs, a metric and a hash entry per
 // series; measured with this loop), 1.7 MB at 1000 routes, all of it
 // scanned by every GC cycle; here it is 84.
 func TestRouteSeriesMemory(t *testing.T) {
-	const routes = 1000
+	const routes = 5000
 	keys := make([]types.NamespacedName, routes)
 	for i := range keys {
-		keys[i] = types.NamespacedName{Namespace: fmt.Sprintf("ns-%02d", i%10), Name: fmt.Sprintf("model-%04d", i)}
+		keys[i] = types.NamespacedName{Namespace: fmt.Sprintf("ns-%02d", i%10), Name: fmt.Sprintf("model-%05d", i)}
 	}
 	c := &routeGauges{}
 	before := liveHeap()
