@@ -305,7 +305,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 	if !(inInitialSync(ctx) && firstReady(orig, route)) {
 		r.emitTransition(orig, route)
 	}
-	key := types.NamespacedName{Namespace: route.Namespace, Name: route.Name}
+	key := client.ObjectKeyFromObject(route)
 	routeSeries.set(key, gaugeBackends, float64(route.Status.Backends))
 	routeSeries.set(key, gaugeCartPeers, float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {

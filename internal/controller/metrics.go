@@ -64,20 +64,6 @@ func init() {
 // of live heap per route for the four (1.7 MB at 1000 routes, all of it
 // scanned by every GC cycle), against under 100 bytes here
 // (TestRouteSeriesMemory).
-var (
-	routeBackendsDesc = prometheus.NewDesc("autoconfig_route_backends",
-		"Backend endpoints in the route's last rendered output (status.backends).",
-		[]string{"namespace", "route"}, nil)
-	routeCartPeersDesc = prometheus.NewDesc("autoconfig_route_cart_peers",
-		"CART endpoints discovered for the route (status.cartPeers).",
-		[]string{"namespace", "route"}, nil)
-	routeLastWriteDesc = prometheus.NewDesc("autoconfig_route_last_write_timestamp_seconds",
-		"Unix time of the route's last output write by this controller process (absent until its first write).",
-		[]string{"namespace", "route"}, nil)
-	routeBlockedKeysDesc = prometheus.NewDesc("autoconfig_route_blocked_keys",
-		"Keys the route renders but may not write: held by another route (OutputConflict) or hand-written without a mark (OutputKeyForeign).",
-		[]string{"namespace", "route"}, nil)
-)
 
 // gaugeKind names one of a route's gauges.
 type gaugeKind int
@@ -90,7 +76,17 @@ const (
 	routeGaugeCount
 )
 
-var routeGaugeDescs = [routeGaugeCount]*prometheus.Desc{routeBackendsDesc, routeCartPeersDesc, routeLastWriteDesc, routeBlockedKeysDesc}
+// routeGaugeDescs describe the gauges, by gaugeKind.
+var routeGaugeDescs = [routeGaugeCount]*prometheus.Desc{
+	gaugeBackends:    routeDesc("autoconfig_route_backends", "Backend endpoints in the route's last rendered output (status.backends)."),
+	gaugeCartPeers:   routeDesc("autoconfig_route_cart_peers", "CART endpoints discovered for the route (status.cartPeers)."),
+	gaugeLastWrite:   routeDesc("autoconfig_route_last_write_timestamp_seconds", "Unix time of the route's last output write by this controller process (absent until its first write)."),
+	gaugeBlockedKeys: routeDesc("autoconfig_route_blocked_keys", "Keys the route renders but may not write: held by another route (OutputConflict) or hand-written without a mark (OutputKeyForeign)."),
+}
+
+func routeDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{"namespace", "route"}, nil)
+}
 
 // routeValues are one route's gauges; set tells which have a value (a
 // gauge never set has no series, as a GaugeVec child never created).
@@ -154,8 +150,4 @@ func (c *routeGauges) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-}
-
-func forgetRouteSeries(ns, name string) {
-	routeSeries.forget(types.NamespacedName{Namespace: ns, Name: name})
 }
