@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 }
 
 // wait bounds every condition wait; nothing is a timing assertion.
-const wait = 30 * time.Second
+const wait = 60 * time.Second
 
 // sidecar is one running reload binary.
 type sidecar struct {
