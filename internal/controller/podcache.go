@@ -218,8 +218,11 @@ type podWatcher struct {
 	currency *CacheCurrency
 	events   *podEvents
 
-	mu   sync.RWMutex
-	pods map[string]*corev1.Pod // never changed once stored: replaced
+	mu sync.RWMutex
+	// pods are the records of the pods (discovery.PodRecord: what
+	// StripPod keeps, a quarter of a stripped corev1.Pod's memory), by
+	// name; a record never changes once stored: it is replaced.
+	pods map[string]*discovery.PodRecord
 }
 
 func (w *podWatcher) cacheType() string { return "Pod " + w.key.String() }
@@ -232,8 +235,8 @@ func (w *podWatcher) run(ctx context.Context, rv string) {
 	defer w.currency.forget(w) // stopped: it cannot stay stale
 	// The listed pods, as an informer's handler added after its sync
 	// gets them.
-	for _, pod := range w.snapshot() {
-		w.events.create(pod)
+	for _, rec := range w.snapshot() {
+		w.events.create(rec.Pod())
 	}
 	stale := false
 	for ctx.Err() == nil {
@@ -297,22 +300,22 @@ func (w *podWatcher) apply(ctx context.Context, wi watch.Interface) (last string
 			}
 			switch ev.Type {
 			case watch.Added, watch.Modified:
-				now := stripPod(pod)
+				now := discovery.CompactPod(pod)
 				w.mu.Lock()
-				old := w.pods[now.Name]
-				w.pods[now.Name] = now
+				old := w.pods[now.Name()]
+				w.pods[now.Name()] = now
 				w.mu.Unlock()
 				if old != nil {
-					w.events.update(old, now)
+					w.events.update(old.Pod(), now.Pod())
 				} else {
-					w.events.create(now)
+					w.events.create(now.Pod())
 				}
 			case watch.Deleted:
-				gone := stripPod(pod)
+				gone := discovery.CompactPod(pod)
 				w.mu.Lock()
-				delete(w.pods, gone.Name)
+				delete(w.pods, gone.Name())
 				w.mu.Unlock()
-				w.events.delete(gone)
+				w.events.delete(gone.Pod())
 			}
 		}
 	}
@@ -332,16 +335,16 @@ func (w *podWatcher) relist(ctx context.Context) (string, error) {
 	changes := 0
 	for name, old := range before {
 		if _, ok := after[name]; !ok {
-			w.events.delete(old)
+			w.events.delete(old.Pod())
 			changes++
 		}
 	}
 	for name, now := range after {
 		if old, ok := before[name]; !ok {
-			w.events.create(now)
+			w.events.create(now.Pod())
 			changes++
 		} else if old != now {
-			w.events.update(old, now)
+			w.events.update(old.Pod(), now.Pod())
 			changes++
 		}
 	}
@@ -354,7 +357,7 @@ func (w *podWatcher) relist(ctx context.Context) (string, error) {
 // the last error), and replaces the cache's pods with them (before and
 // after, by name): a pod whose resourceVersion did not change stays the
 // object stored before. Only the cache's goroutine changes its pods.
-func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, before, after map[string]*corev1.Pod, err error) {
+func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, before, after map[string]*discovery.PodRecord, err error) {
 	l, err := listUntilAnswered(ctx, w.cacheType(), func(ctx context.Context) (*corev1.PodList, error) {
 		return w.api.List(ctx, metav1.ListOptions{LabelSelector: w.selector, ResourceVersion: rv})
 	})
@@ -364,14 +367,14 @@ func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, bef
 	w.mu.RLock()
 	before = w.pods
 	w.mu.RUnlock()
-	after = make(map[string]*corev1.Pod, len(l.Items))
+	after = make(map[string]*discovery.PodRecord, len(l.Items))
 	for i := range l.Items {
 		pod := &l.Items[i]
-		if old, ok := before[pod.Name]; ok && old.ResourceVersion == pod.ResourceVersion {
+		if old, ok := before[pod.Name]; ok && old.ResourceVersion() == pod.ResourceVersion {
 			after[pod.Name] = old
 			continue
 		}
-		after[pod.Name] = stripPod(pod)
+		after[pod.Name] = discovery.CompactPod(pod)
 	}
 	w.mu.Lock()
 	w.pods = after
@@ -379,18 +382,11 @@ func (w *podWatcher) replace(ctx context.Context, rv string) (listed string, bef
 	return l.ResourceVersion, before, after, nil
 }
 
-// stripPod is discovery.StripPod of a pod: a new object, which shares
-// nothing large with pod (the list or the watch event it came in).
-func stripPod(pod *corev1.Pod) *corev1.Pod {
-	o, _ := discovery.StripPod(pod)
-	return o.(*corev1.Pod)
-}
-
-// snapshot is the cache's pods (the stored objects: not to be changed).
-func (w *podWatcher) snapshot() []*corev1.Pod {
+// snapshot is the cache's pods (the stored records).
+func (w *podWatcher) snapshot() []*discovery.PodRecord {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	out := make([]*corev1.Pod, 0, len(w.pods))
+	out := make([]*discovery.PodRecord, 0, len(w.pods))
 	for _, pod := range w.pods {
 		out = append(out, pod)
 	}
@@ -403,16 +399,16 @@ func (w *podWatcher) Get(_ context.Context, key client.ObjectKey, obj client.Obj
 	if !ok {
 		return fmt.Errorf("pod cache: cannot read a %T", obj)
 	}
-	var pod *corev1.Pod
+	var rec *discovery.PodRecord
 	if key.Namespace == w.key.ns {
 		w.mu.RLock()
-		pod = w.pods[key.Name]
+		rec = w.pods[key.Name]
 		w.mu.RUnlock()
 	}
-	if pod == nil {
+	if rec == nil {
 		return apierrors.NewNotFound(corev1.Resource("pods"), key.Name)
 	}
-	pod.DeepCopyInto(out)
+	rec.Pod().DeepCopyInto(out)
 	return nil
 }
 
@@ -433,14 +429,14 @@ func (w *podWatcher) List(_ context.Context, list client.ObjectList, opts ...cli
 		return nil
 	}
 	unsafe := o.UnsafeDisableDeepCopy != nil && *o.UnsafeDisableDeepCopy
-	for _, pod := range w.snapshot() {
-		if o.LabelSelector != nil && !o.LabelSelector.Matches(labels.Set(pod.Labels)) {
+	for _, rec := range w.snapshot() {
+		if o.LabelSelector != nil && !o.LabelSelector.Matches(labels.Set(rec.Labels())) {
 			continue
 		}
 		if unsafe {
-			out.Items = append(out.Items, *pod)
+			out.Items = append(out.Items, *rec.Pod())
 		} else {
-			out.Items = append(out.Items, *pod.DeepCopy())
+			out.Items = append(out.Items, *rec.Pod().DeepCopy())
 		}
 	}
 	return nil
@@ -576,8 +572,8 @@ func (s *podEvents) Start(ctx context.Context, q workqueue.TypedRateLimitingInte
 		// which may not have synced yet.
 		go func() {
 			for _, e := range s.caches.synced() {
-				for _, pod := range e.cache.snapshot() {
-					s.create(pod)
+				for _, rec := range e.cache.snapshot() {
+					s.create(rec.Pod())
 				}
 			}
 		}()

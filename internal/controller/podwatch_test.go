@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -72,7 +73,7 @@ func TestPodCacheGoroutines(t *testing.T) {
 				continue
 			}
 			for _, pd := range e.cache.snapshot() {
-				if pd.Labels["seen"] != "1" {
+				if pd.Labels()["seen"] != "1" {
 					return false, k.String()
 				}
 			}
@@ -271,7 +272,7 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 	w := p.synced()[podKey{ns, "app=cut"}].cache
 
 	// The listed pods reach the handlers as the cache's stored, stripped
-	// objects.
+	// pods.
 	eventually(t, "the listed pods' events", func() (bool, string) {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
@@ -283,8 +284,8 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 		t.Fatalf("events of the listed pods %v, want create a, create b", events)
 	}
 	for _, o := range objs {
-		if o != w.pods[o.Name] {
-			t.Errorf("the event of %s is not the cache's object", o.Name)
+		if !cachedPod(w, o) {
+			t.Errorf("the event of %s is not the cache's pod", o.Name)
 		}
 		if o.Spec.Containers[0].Image != "" {
 			t.Errorf("the event of %s is not stripped: image %q", o.Name, o.Spec.Containers[0].Image)
@@ -306,8 +307,8 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 			return slices.Contains(rec.events, "update "+name), fmt.Sprint(rec.events)
 		})
 		_, objs, olds := rec.take()
-		if o := objs[len(objs)-1]; o != w.pods[name] || o.Labels["v"] != v || olds[len(olds)-1] == nil {
-			t.Fatalf("the update of %s hands %+v (old %v), want the cache's object with v=%s and the one before", name, o.ObjectMeta, olds[len(olds)-1], v)
+		if o := objs[len(objs)-1]; !cachedPod(w, o) || o.Labels["v"] != v || olds[len(olds)-1] == nil {
+			t.Fatalf("the update of %s hands %+v (old %v), want the cache's pod with v=%s and the one before", name, o.ObjectMeta, olds[len(olds)-1], v)
 		}
 		return pd.ResourceVersion
 	}
@@ -360,8 +361,8 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 		t.Fatalf("the relist handed on %v, want delete b first, then create c and update a", events)
 	}
 	for i, o := range objs {
-		if events[i] != "delete b" && o != w.pods[o.Name] {
-			t.Errorf("%s: not the cache's object", events[i])
+		if events[i] != "delete b" && !cachedPod(w, o) {
+			t.Errorf("%s: not the cache's pod", events[i])
 		}
 		if events[i] == "update a" && (olds[i] == nil || olds[i].Labels["v"] != "3" || o.Labels["v"] != "4") {
 			t.Errorf("update a hands old %v new %v, want v=3 then v=4", olds[i], o.Labels)
@@ -393,4 +394,12 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 	eventually(t, "the cache to be stale", func() (bool, string) { return !cur.Current(cur.Epoch()), "current" })
 	stopPodCaches(p)
 	eventually(t, "the stopped cache to be forgotten", func() (bool, string) { return cur.Current(cur.Epoch()), "stale" })
+}
+
+// cachedPod says whether pod is what cache w holds of it now.
+func cachedPod(w *podWatcher, pod *corev1.Pod) bool {
+	w.mu.RLock()
+	stored := w.pods[pod.Name]
+	w.mu.RUnlock()
+	return stored != nil && reflect.DeepEqual(pod, stored.Pod())
 }

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"fmt"
+
 	"github.com/modelsphere/autoconfig/schema/routespec"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
-	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -176,40 +176,13 @@ func NodeMeta() *metav1.PartialObjectMetadata {
 
 // StripPod is a cache transform keeping only what discovery reads of a Pod:
 // identity, labels, deletion, node, container ports, phase, IPs and the
-// Ready condition. On a cluster with thousands of pods this is most of the
-// controller's memory.
+// Ready condition (and a consumer pod's served report). On a cluster with
+// thousands of pods this is most of the controller's memory. It is
+// CompactPod(pod).Pod(): what a pod cache keeps is exactly this.
 func StripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	out := &corev1.Pod{
-		TypeMeta: p.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp,
-		},
-		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName},
-		Status: corev1.PodStatus{
-			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
-		},
-	}
-	for _, c := range p.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, cp := range c.Ports {
-			ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
-		}
-		out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
-		}
-	}
-	// A consumer pod's served report (its reload sidecar's), the only
-	// annotation the controller reads.
-	if v, ok := p.Annotations[served.Annotation]; ok {
-		out.Annotations = map[string]string{served.Annotation: v}
-	}
-	return out, nil
+	return CompactPod(p).Pod(), nil
 }
