@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -169,9 +170,10 @@ func (s *countingStatus) Patch(ctx context.Context, obj client.Object, p client.
 
 // harness is one running manager with the reconciler.
 type harness struct {
-	c    *countingClient
-	r    *Reconciler
-	stop func()
+	c     *countingClient
+	r     *Reconciler
+	cache cache.Cache
+	stop  func()
 }
 
 // startManager runs a real manager with the controller, scoped to
@@ -229,7 +231,7 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	var once sync.Once
-	h := &harness{c: cc, r: r}
+	h := &harness{c: cc, r: r, cache: mgr.GetCache()}
 	h.stop = func() {
 		once.Do(func() {
 			cancel()

@@ -146,13 +146,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	}
 	r.initial = newInitialSync(r)
 	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
-	if err := discovery.SetupIndexes(ctx, mgr.GetFieldIndexer()); err != nil {
+	ix := indexer(mgr.GetCache())
+	if err := discovery.SetupIndexes(ctx, ix); err != nil {
 		return err
 	}
-	if err := SetupFallbackIndex(ctx, mgr.GetFieldIndexer()); err != nil {
+	if err := SetupFallbackIndex(ctx, ix); err != nil {
 		return err
 	}
-	if err := SetupOwnershipIndex(ctx, mgr.GetFieldIndexer()); err != nil {
+	if err := SetupOwnershipIndex(ctx, ix); err != nil {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
