@@ -20,7 +20,8 @@ import (
 // an index is a set (a map) of its own. Each index here is read one way
 // only: the route indexes across namespaces (routesBy), the EndpointSlice
 // index within the slice's namespace (discovery.Reader). At 1000 routes
-// that halved about 2 MB of index maps.
+// the index maps were about 2.9 MB of the live heap, half of them copies
+// never read.
 //
 // The keys are the ones controller-runtime's cache reader looks up: index
 // "field:<field>", value "<namespace>/<value>" or
