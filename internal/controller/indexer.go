@@ -20,8 +20,8 @@ import (
 // an index is a set (a map) of its own. Each index here is read one way
 // only: the route indexes across namespaces (routesBy), the EndpointSlice
 // index within the slice's namespace (discovery.Reader). At 1000 routes
-// the index maps were about 2.9 MB of the live heap, half of them copies
-// never read.
+// the index maps were 2.9 MB of the live heap, 1.6 MB with each value
+// once.
 //
 // The keys are the ones controller-runtime's cache reader looks up: index
 // "field:<field>", value "<namespace>/<value>" or
