@@ -33,16 +33,6 @@ type onceIndexer struct {
 	namespaced map[string]bool
 }
 
-// newOnceIndexer indexes on c's informers; the fields of namespaced are
-// read within a namespace, the others across namespaces.
-func newOnceIndexer(c cache.Informers, namespaced ...string) client.FieldIndexer {
-	ix := onceIndexer{informers: c, namespaced: map[string]bool{}}
-	for _, f := range namespaced {
-		ix.namespaced[f] = true
-	}
-	return ix
-}
-
 // allNamespaces is controller-runtime's namespace of the index values read
 // without InNamespace.
 const allNamespaces = "__all_namespaces"
@@ -72,7 +62,9 @@ func (ix onceIndexer) IndexField(ctx context.Context, obj client.Object, field s
 	}})
 }
 
-// indexer is what the controller registers its indexes with.
+// indexer is the indexer the controller registers its indexes with, on
+// c's informers: the EndpointSlice index is read within a namespace, the
+// others across namespaces.
 func indexer(c cache.Informers) client.FieldIndexer {
-	return newOnceIndexer(c, discovery.IndexSliceService)
+	return onceIndexer{informers: c, namespaced: map[string]bool{discovery.IndexSliceService: true}}
 }

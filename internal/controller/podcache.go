@@ -10,7 +10,7 @@ package controller
 // sends only the pods it matches and memory follows the selected pods.
 //
 // A cache is not a client-go informer but one goroutine (podWatcher.run)
-// that keeps the stripped pods (discovery.StripPod) in a map and hands
+// that keeps a record of each pod (discovery.PodRecord) in a map and hands
 // their events to the controller's one pod source (podEvents). With its
 // watch's stream decoder and HTTP/2 stream that is 3 goroutines per
 // cache; an informer was about 10 (reflector, resync timer, the FIFO's

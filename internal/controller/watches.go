@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"maps"
-	"reflect"
 	"slices"
 	"sync"
 
@@ -246,21 +245,16 @@ func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconc
 }
 
 // podChanged drops pod updates that change nothing discovery reads (the
-// cache holds stripped pods, so only the resourceVersion differs then).
+// pod caches keep records, so only the resourceVersion differs then): the
+// two pods' records are compared, not their stripped pods rebuilt.
 func podChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		a, errA := discovery.StripPod(e.ObjectOld)
-		b, errB := discovery.StripPod(e.ObjectNew)
-		if errA != nil || errB != nil {
-			return true
-		}
-		pa, okA := a.(*corev1.Pod)
-		pb, okB := b.(*corev1.Pod)
+		pa, okA := e.ObjectOld.(*corev1.Pod)
+		pb, okB := e.ObjectNew.(*corev1.Pod)
 		if !okA || !okB {
 			return true
 		}
-		pa.ResourceVersion, pb.ResourceVersion = "", ""
-		return !reflect.DeepEqual(pa, pb)
+		return !discovery.CompactPod(pa).SameExceptVersion(discovery.CompactPod(pb))
 	}}
 }
 
