@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 func benchRoutes(tb testing.TB) map[string][]byte {
@@ -117,12 +118,6 @@ func TestValidateObjectMemoryFlat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	run := func(n int) {
 		for i := range n {
 			r.Generation = int64(i)
@@ -132,9 +127,9 @@ func TestValidateObjectMemoryFlat(t *testing.T) {
 		}
 	}
 	run(200) // warm up caches
-	before := heap()
+	before := testbin.HeapAfterGC()
 	run(2000)
-	grown := int64(heap()) - int64(before)
+	grown := testbin.HeapAfterGC() - before
 	// 2000 leaked files of ≈ 20 KB would be ≈ 40 MB; allow noise well below.
 	if grown > 8<<20 {
 		t.Fatalf("heap grew by %d bytes over 2000 validations: something keeps every document", grown)

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // gatherRoute returns the series of one route in reg: metric name → value.
@@ -83,25 +85,18 @@ func TestRouteSeriesMemory(t *testing.T) {
 		keys[i] = types.NamespacedName{Namespace: fmt.Sprintf("ns-%02d", i%10), Name: fmt.Sprintf("model-%05d", i)}
 	}
 	c := &routeGauges{}
-	before := liveHeap()
+	before := testbin.HeapAfterGC()
 	for i, k := range keys {
 		c.set(k, gaugeBackends, float64(i))
 		c.set(k, gaugeCartPeers, 1)
 		c.set(k, gaugeLastWrite, 1700000000)
 		c.set(k, gaugeBlockedKeys, 0)
 	}
-	perRoute := float64(liveHeap()-before) / routes
+	perRoute := float64(testbin.HeapAfterGC()-before) / routes
 	runtime.KeepAlive(c)
 	runtime.KeepAlive(keys)
 	t.Logf("%.0f bytes of live heap per route for its four gauges", perRoute)
 	if perRoute > 300 {
 		t.Fatalf("%.0f bytes per route for four gauges, want at most 300", perRoute)
 	}
-}
-
-func liveHeap() int64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
 }

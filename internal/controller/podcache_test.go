@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -216,17 +217,17 @@ func TestPodCacheHeap(t *testing.T) {
 		{"whole namespace (before)", ""},
 	} {
 		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute}
-		before, gBefore, sBefore := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
+		before, gBefore, sBefore := testbin.HeapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
 			t.Fatal(err)
 		}
-		after, gAfter, sAfter := heapAfterGC(), runtime.NumGoroutine(), stackInuse()
+		after, gAfter, sAfter := testbin.HeapAfterGC(), runtime.NumGoroutine(), stackInuse()
 		held := 0
 		for _, keys := range cachedPods(t, p) {
 			held += len(keys)
 		}
 		t.Logf("%s: %d of %d pods cached, heap +%d KiB, %d goroutines (stacks +%d KiB)", shape.name, held, n,
-			(int64(after)-int64(before))/1024, gAfter-gBefore, (int64(sAfter)-int64(sBefore))/1024)
+			(after-before)/1024, gAfter-gBefore, (int64(sAfter)-int64(sBefore))/1024)
 		p.mu.Lock()
 		for _, e := range p.byKey {
 			e.stop()
@@ -241,13 +242,4 @@ func stackInuse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.StackInuse
-}
-
-// heapAfterGC is the live heap after two collections.
-func heapAfterGC() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

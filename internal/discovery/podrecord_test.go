@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // fullPod is a pod with every field a stripped pod keeps set, and some it
@@ -106,11 +107,11 @@ func TestPodRecordMemory(t *testing.T) {
 	}
 	measure := func(keep func(p *corev1.Pod) any) float64 {
 		held := make([]any, n)
-		before := liveHeap()
+		before := testbin.HeapAfterGC()
 		for i, p := range in {
 			held[i] = keep(p)
 		}
-		per := float64(liveHeap()-before) / n
+		per := float64(testbin.HeapAfterGC()-before) / n
 		runtime.KeepAlive(held)
 		return per
 	}
@@ -121,11 +122,4 @@ func TestPodRecordMemory(t *testing.T) {
 	if records > pods/3 {
 		t.Fatalf("a record keeps %.0f bytes, the stripped pod %.0f: want at most a third", records, pods)
 	}
-}
-
-func liveHeap() int64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
 }

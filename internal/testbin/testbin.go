@@ -1,7 +1,7 @@
 // Package testbin holds what the binary-level tests of the sidecars share:
 // building the package under test into a real executable (with -race when
-// the test itself runs under -race) and a goroutine-safe buffer for a child
-// process's output.
+// the test itself runs under -race), a goroutine-safe buffer for a child
+// process's output, and the live heap the memory tests measure.
 package testbin
 
 import (
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 )
 
@@ -45,4 +46,14 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// HeapAfterGC is the live heap after two collections: what the memory
+// tests measure before and after building what they keep.
+func HeapAfterGC() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
 }

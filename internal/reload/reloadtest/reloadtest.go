@@ -181,23 +181,33 @@ func (c *HUPCounter) Times() []time.Time {
 func (c *HUPCounter) Count() int { return len(c.Times()) }
 
 // WaitFor polls cond every 5 ms until it holds or the deadline passes, then
-// fails the test with msg and what each detail says (what is still
-// missing, for a failure that can be read without a rerun).
-func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool, detail ...func() string) {
+// fails the test with msg.
+func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	WaitUntil(t, timeout, 5*time.Millisecond, msg, func() string {
+		if cond() {
+			return ""
+		}
+		return "the condition does not hold"
+	})
+}
+
+// WaitUntil polls missing every interval until it returns "" or the
+// deadline passes, then fails the test with msg and what missing said
+// last: what is still missing, for a failure that can be read without a
+// rerun.
+func WaitUntil(t testing.TB, timeout, interval time.Duration, msg string, missing func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			var why []string
-			for _, d := range detail {
-				why = append(why, d())
-			}
-			if len(why) > 0 {
-				t.Fatalf("timed out after %s waiting for %s: %s", timeout, msg, strings.Join(why, "; "))
-			}
-			t.Fatalf("timed out after %s waiting for %s", timeout, msg)
+	for {
+		why := missing()
+		if why == "" {
+			return
 		}
-		time.Sleep(5 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %s", timeout, msg, why)
+		}
+		time.Sleep(interval)
 	}
 }
 
