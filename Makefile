@@ -19,7 +19,7 @@ BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-
 IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
+.PHONY: all build test lua-test fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -56,6 +56,11 @@ verify: generate ## fail on drift: generated files, go.mod tidiness, gofmt
 	$(GO) mod tidy -diff
 	@git diff --exit-code -- deploy testdata docs/reference.md schema || { echo "generated files drifted: run make generate and commit"; exit 1; }
 
+# The engine's pure lua modules (ring, bounded load, AIMD, SSE, body key,
+# metrics) under busted, run by LuaJIT as nginx runs them.
+lua-test: deps
+	cd deploy/openresty/lua && luajit /usr/bin/busted --lpath='./?.lua' spec
+
 unit:
 	$(GO) test -count=1 -timeout 40m ./...
 
@@ -74,7 +79,7 @@ cluster-scripts:
 	AUTOCONFIG_SCRIPT_ORDER=name $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
 	AUTOCONFIG_SCRIPT_ORDER=reverse $(GO) test -count=3 -shuffle=on -run '^TestClusterScripts$$' ./cmd/autoconfig
 
-test: deps envtest verify vet unit race cluster-scripts bench-applied fault images ## everything CI runs
+test: deps envtest verify vet lua-test unit race cluster-scripts bench-applied fault images ## everything CI runs
 
 property: deps ## the accepted-routes-load property at length: PROPERTY_N routes from PROPERTY_SEED into real nginx
 	AUTOCONFIG_PROPERTY_N=$(PROPERTY_N) AUTOCONFIG_PROPERTY_SEED=$(PROPERTY_SEED) $(GO) test -count=1 -timeout 120m -run TestPropertyAcceptedRoutesLoad -v ./compiler

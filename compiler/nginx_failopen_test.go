@@ -40,10 +40,14 @@ func hammer(t *testing.T, url string, n int) (fails int, bodies map[string]int) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range jobs {
+			for i := range jobs {
 				// POST, as chat completions are: a refused connection sent
-				// nothing, so nginx may retry it.
-				resp, err := client.Post(url, "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+				// nothing, so nginx may retry it. Each request is its own
+				// conversation (its own prompt): the engine keeps a repeated
+				// prompt on one pod (session affinity), and these bursts
+				// test the tiers, not placement.
+				body := fmt.Sprintf(`{"model":"m","prompt":"request %d"}`, i)
+				resp, err := client.Post(url, "application/json", strings.NewReader(body))
 				ok, body, why := false, "", ""
 				if err == nil {
 					b, _ := io.ReadAll(resp.Body)

@@ -120,6 +120,9 @@ type Nginx struct {
 	sockDir   string
 	routesDir string
 	port      int
+	// metricsPort is the engine's metrics port (Options.Reference: the
+	// shipped nginx.conf's "listen 9145").
+	metricsPort int
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -201,6 +204,11 @@ func Launch(opts Options) (*Nginx, error) {
 		var err error
 		if n.port, err = FreePort(); err != nil {
 			return err
+		}
+		if n.opts.Reference {
+			if n.metricsPort, err = FreePort(); err != nil {
+				return err
+			}
 		}
 		if err := n.writeConfig(); err != nil {
 			return err
@@ -301,6 +309,7 @@ func (n *Nginx) referenceConfig() ([]byte, error) {
 		{`lua_package_path "` + openresty + `lua/?.lua;;";`, `lua_package_path "` + RouterLuaPath() + `;;";`},
 		{"include conf.d/routes/*.conf;", "include " + n.routesDir + "/*.conf;"},
 		{"listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", n.port)},
+		{"listen 9145;", fmt.Sprintf("listen 127.0.0.1:%d;", n.metricsPort)},
 		{"http://unix:" + openresty + "sock/", "http://unix:" + n.sockDir + "/"},
 		{"listen unix:" + openresty + "sock/" + ControlSocket + ";", "listen unix:" + n.ControlSockPath() + ";"},
 		{`peers_dir = "` + openresty + `conf/conf.d/routes"`, `peers_dir = "` + n.routesDir + `"`},
@@ -412,6 +421,12 @@ func (n *Nginx) Prefix() string { return n.prefix }
 
 // ConfPath is the absolute path of the main nginx.conf.
 func (n *Nginx) ConfPath() string { return filepath.Join(n.prefix, "conf", "nginx.conf") }
+
+// MetricsURL is the engine's metrics endpoint (Options.Reference only:
+// the shipped nginx.conf's port 9145, moved to a free loopback port).
+func (n *Nginx) MetricsURL() string {
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", n.metricsPort)
+}
 
 // SockDir is the absolute directory of the per-route unix sockets.
 func (n *Nginx) SockDir() string { return n.sockDir }

@@ -1,453 +1,84 @@
--- router: the reference routing engine of an autoconfig llm route file
--- (docs/lua-contract.md). Runs on stock openresty (and on Debian's nginx +
--- libnginx-mod-http-lua + lua-cjson, which is what the repository's tests
--- load it with).
+-- router: the reference routing engine of autoconfig's route files
+-- (docs/lua-contract.md). Runs on stock openresty and on Debian's nginx +
+-- libnginx-mod-http-lua + lua-cjson (what the repository's tests load it
+-- with). This module is the contract's entry points; each concept lives
+-- in a module of its own, all in this directory (flat, so a ConfigMap
+-- can carry them):
 --
--- REFERENCE, implemented here:
---   * registered / register_route / access / balance / log, as the contract
---     calls them (registration lazily, once per worker and route);
---   * dynamic peers (docs/lua-contract.md, "Dynamic peers"):
---     register_dynamic_route takes the route's options only; its tiers come
---     from a peers table pushed to the control endpoint (control(), the
---     content handler of the shipped nginx.conf's unix-socket server) or
---     seeded from <peers_dir>/peers_<route>.json (configure(), from
---     init_by_lua). The table lives in the route's shared dict; every
---     request reads its version once (access and balance) and decodes the
---     table only when the version changed;
---   * priority tiers, highest first; a lower tier serves only when every
---     peer of every higher tier is ejected, failed its health probe or was
---     already tried by this request (FailClose: never below a cart tier);
---   * per-peer concurrency limits (tier max_concurrency): a request is
---     admitted only when a peer of its tier has a free slot (else 503 with
---     Retry-After: 1; option admission = "off": never refused, the balancer
---     still prefers a peer with a free slot); least connections within a
---     tier, ties round-robin;
---   * failure-mode options: retry_on = "connect-failure" with max_tries
---     (ngx.balancer.set_more_tries; a try is a connection failure when
---     ngx.balancer.get_last_failure() says "failed", i.e. nginx got no
---     response; any HTTP status, 503 included, is a response and is passed
---     back, never retried), ejection after eject_consecutive_connect_failures
---     (default 3; 0 = never; FailClose routes default to 0) consecutive
---     connection failures for ejection_seconds
---     (default 10), never more than max_ejection_percent (default 50) of a
---     backend tier's peers at once (a one-peer VIP tier is not capped);
---   * active health probes on each tier's probe_path: GET every
---     health_probe_interval_seconds (engine option, default 5; 0 = off;
---     at least 1, at most 3600), 200 =
---     healthy, anything else or no answer = unhealthy (out of the pick
---     until a probe answers 200); ngx.timer.every, started by the route's
---     first registration in a worker (dynamic routes: by the first request
---     that sees a tier with a probe_path);
---   * GET /_tps_status (the route's own endpoint, seen after the prefix
---     strip): JSON with the route's options, opt_in = true when
---     tps_limit_tps is set;
---   * GET /_status: JSON of what register_route received (route, options,
---     tiers, registrations in this worker, worker pid) and the live peer
---     state; with ?strings=hex every string (keys too) is hex-encoded, so
---     arbitrary bytes (NUL, invalid UTF-8) survive JSON exactly. A dynamic
---     route adds dynamic = true, the table's version and serial;
---   * canary routes (docs/lua-contract.md, "Canary"): register_route's
---     fourth argument or a format 2 peers table's canary; each request's
---     version (stable or canary) from the override header, else the CRC-32
---     bucket of the sticky header or cookie, else an exact weighted draw
---     (the response sets the sticky cookie); a version without a live
---     peer falls through to the other (counted); header() sets
---     X-Model-Version; counters in /_status and GET /canary/<route> on the
---     control socket;
---   * option kind = "video" (dynamic video routes): a plain proxy, so no
---     engine endpoint (/_status, /_tps_status go to the backend); tiers of
---     the highest priority form one primary group (nginx's non-backup
---     servers), lower tiers serve only while every primary is out; failures
---     count within ejection_seconds (nginx's max_fails/fail_timeout);
---     active slots are counted only once the route's log phase has run in
---     the worker (a video file may have none).
+--   router_state     the route's store (its shared dict) and peer keys
+--   router_table     the peers table: check, build, seed, per-request sync
+--   router_canary    the split between a canary route's two versions
+--   router_affinity  the affinity key of an llm request (header, cookie,
+--                    body: router_body)
+--   router_pick      placement: tiers, the affinity ring with bounded
+--                    loads (router_ring, router_hash), least load
+--   router_slo       decode-SLO admission: adaptive per-peer limits
+--                    (router_aimd)
+--   router_sse       tokens and usage of a streamed or JSON answer
+--   router_metrics   Prometheus counters and histograms (GET /metrics on
+--                    the shipped nginx.conf's port 9145)
+--   router_probe     active health probes
+--   router_control   the control endpoint (peers pushes)
 --
--- PRODUCTION IMAGE ONLY, not implemented here: session (prefix-cache)
--- affinity, adaptive concurrency (limits learned from latency/TTFT against
--- slo_ttft_ms / slo_decode_tps), TPS admission (tps_limit_tps is reported
--- by /_tps_status but not enforced), token accounting. A route's options
--- for those are accepted and ignored.
+-- What the engine does, by phase:
+--   access   registration is lazy (once per worker and route); the
+--            route's own endpoints (/_status, /_tps_status); the canary
+--            version; the affinity key; the pick of the first try, which
+--            is also the admission (every usable peer at its limit →
+--            503 with Retry-After: 1);
+--   balance  the first try's peer as access chose it (unless the table
+--            changed since), retries on connection failures to untried
+--            peers (FailOpen), ejection;
+--   body     (the shipped nginx.conf's http-level body_filter_by_lua)
+--            first token time, decode rate, usage;
+--   log      releases the try, feeds the adaptive limit, counts metrics.
+-- Video routes (option kind = "video") are plain proxies: no engine
+-- endpoint, no body read, no token accounting.
 --
--- State: when the http{} block has "lua_shared_dict <route> …;", peer
--- state (active requests, failure counts, ejections, health) lives in
--- ngx.shared[<route>] and is shared by the workers and across reloads
--- (keys name the peer by tier use, host and port, never by index, so the
--- state of a peer that stays survives a peers-table change). Without
--- it, a worker-local table holds it (per worker; lost on reload). Known
--- limit: a worker that crashes mid-request leaves its active counts in the
--- shared dict (they are released only by the log phase).
---
--- No request header is read for peer choice: peers come only from
--- register_route or the peers table. A canary route's split headers and
--- cookie choose between its two versions only (hashed, never evaluated).
+-- No request header names a peer: peers come only from register_route or
+-- the peers table. Header, cookie and body values are hashed (affinity,
+-- canary bucket) or compared, never evaluated.
 local cjson = require("cjson.safe")
+local state = require("router_state")
+local tbl = require("router_table")
+local canary = require("router_canary")
+local pick_mod = require("router_pick")
+local affinity = require("router_affinity")
+local slo = require("router_slo")
+local sse = require("router_sse")
+local metrics = require("router_metrics")
+local probe_mod = require("router_probe")
+local control_mod = require("router_control")
+
+local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
+local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
+local active, ejected, unhealthy, out_of_pick = state.active, state.ejected, state.unhealthy, state.out_of_pick
+local bracketed = state.bracketed
+local sync, config = tbl.sync, tbl.config
+local K_SERIAL = tbl.K_SERIAL
+local K_SERVED, K_FELL, OTHER = canary.K_SERVED, canary.K_FELL, canary.OTHER
+local pick, limit_of = pick_mod.pick, slo.limit_of
 
 local M = {}
-local routes = {}
--- config: set by configure() (init_by_lua, in the master; the workers
--- inherit it).
-local config = {}
+local routes = probe_mod.routes
 
--- Keys of the peers table in a dynamic route's dict. pkey's keys start
--- with a one-letter kind, so they never collide with these.
-local K_TABLE, K_VERSION, K_SERIAL, K_LOCK = "peers|table", "peers|version", "peers|serial", "peers|lock"
+local METRICS_DICT = "autoconfig@metrics"
+local mdict_checked, mdict = false, nil
 
--- The greatest serial: lua numbers hold integers exactly up to 2^53.
-local MAX_SERIAL = 9007199254740992
-
--- store: ngx.shared[route] when configured, else a worker-local table with
--- the same small interface (get, set and add with ttl, incr with init and
--- init_ttl, delete).
-local function local_store()
-  local data, expiry = {}, {}
-  local s = {}
-  function s:get(k)
-    local e = expiry[k]
-    if e and e <= ngx.now() then
-      data[k], expiry[k] = nil, nil
-    end
-    return data[k]
+-- metrics_dict: the shared dict of the engine's metrics, nil when the
+-- image's nginx.conf declares none (then nothing is counted).
+local function metrics_dict()
+  if not mdict_checked then
+    mdict_checked = true
+    mdict = state.dict(METRICS_DICT)
   end
-  function s:set(k, v, ttl)
-    data[k] = v
-    expiry[k] = (ttl and ttl > 0) and (ngx.now() + ttl) or nil
-    return true
-  end
-  function s:add(k, v, ttl)
-    if self:get(k) ~= nil then
-      return false, "exists"
-    end
-    return self:set(k, v, ttl)
-  end
-  s.safe_set, s.safe_add = s.set, s.add
-  function s:delete(k)
-    data[k], expiry[k] = nil, nil
-    return true
-  end
-  function s:incr(k, d, init, init_ttl)
-    local cur = self:get(k)
-    if cur == nil then
-      self:set(k, (init or 0) + d, init_ttl)
-      return (init or 0) + d
-    end
-    data[k] = cur + d
-    return data[k]
-  end
-  return s
-end
-
-local function store_for(route)
-  local ok, dict = pcall(function() return ngx.shared[route] end)
-  if ok and dict then
-    return dict, true
-  end
-  return local_store(), false
-end
-
-local function num(v, default)
-  local n = tonumber(v)
-  if n == nil or n ~= n or n == math.huge or n == -math.huge then return default end
-  return n
-end
-
-local function clamp(n, lo, hi)
-  if n < lo then return lo end
-  if n > hi then return hi end
-  return n
+  return mdict
 end
 
 local function probe_interval(n)
   if n <= 0 then return 0 end
   return clamp(n, 1, 3600)
 end
-
-local function hex(s)
-  return (string.gsub(s, ".", function(c) return string.format("%02x", string.byte(c)) end))
-end
-
--- hexify copies a value: strings (keys too) become hex, numbers and
--- booleans stay, tables recurse; arrays stay arrays.
-local function hexify(v)
-  local t = type(v)
-  if t == "string" then return hex(v) end
-  if t ~= "table" then return v end
-  local out = {}
-  local n = #v
-  if n > 0 then
-    for i = 1, n do out[i] = hexify(v[i]) end
-    return out
-  end
-  for k, x in pairs(v) do
-    out[type(k) == "string" and hex(k) or k] = hexify(x)
-  end
-  return out
-end
-
--- Key strings of a peer, made once per peer object (weak keys: a table
--- swap drops the old objects' entries with them). The pick looks at every
--- peer of a tier on every request; building its keys there each time cost
--- more than the dict reads.
-local KEYS = setmetatable({}, { __mode = "k" })
-
-local function keys(t, p)
-  local k = KEYS[p]
-  if k == nil or k.use ~= t.use then
-    k = { use = t.use, id = t.use .. "|" .. p.host .. "|" .. p.port }
-    KEYS[p] = k
-  end
-  return k
-end
-
--- ident names a peer by tier use and address: the peer's identity for
--- its state keys, a request's tried set and a table change (two tables
--- that list the same use, host and port list the same peer).
-local function ident(t, p)
-  return keys(t, p).id
-end
-
--- peer key in the store: kind and identity, so the state stays right
--- across reloads and peers-table changes that reorder or change the peers.
-local function pkey(kind, t, p)
-  local k = keys(t, p)
-  local s = k[kind]
-  if s == nil then
-    s = kind .. "|" .. k.id
-    k[kind] = s
-  end
-  return s
-end
-
--- The kinds of per-peer state: active requests, consecutive failures,
--- ejected, ejections, tries, unhealthy.
-local STATE_KINDS = { "a", "f", "e", "n", "t", "u" }
-
--- bracketed: the host as nginx parses an address; an IPv6 host (given
--- bare, as the contract writes it) in brackets.
-local function bracketed(host)
-  if string.find(host, ":", 1, true) then
-    return "[" .. host .. "]"
-  end
-  return host
-end
-
--- is_array: a decoded JSON array (cjson gives an empty object and an
--- empty array the same empty table; both are accepted as empty).
-local function is_array(v)
-  if type(v) ~= "table" then return false end
-  local n = #v
-  for k in pairs(v) do
-    if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then return false end
-  end
-  return true
-end
-
--- check_tiers validates a decoded tiers array; nil when it is sound,
--- else the reason (where names it).
-local function check_tiers(tiers, where0)
-  if not is_array(tiers) then return where0 .. " is not an array" end
-  for i, tr in ipairs(tiers) do
-    local where = where0 .. "[" .. (i - 1) .. "]"
-    if type(tr) ~= "table" then return where .. " is not an object" end
-    if type(tr.use) ~= "string" or tr.use == "" then return where .. ".use is not a string" end
-    if type(tr.priority) ~= "number" then return where .. ".priority is not a number" end
-    if tr.max_concurrency ~= nil and (type(tr.max_concurrency) ~= "number" or tr.max_concurrency < 0) then
-      return where .. ".max_concurrency is not a number >= 0"
-    end
-    if tr.probe_path ~= nil and type(tr.probe_path) ~= "string" then return where .. ".probe_path is not a string" end
-    if not is_array(tr.peers) then return where .. ".peers is not an array" end
-    for j, p in ipairs(tr.peers) do
-      local pw = where .. ".peers[" .. (j - 1) .. "]"
-      if type(p) ~= "table" then return pw .. " is not an object" end
-      if type(p.host) ~= "string" or p.host == "" then return pw .. ".host is not a string" end
-      local port = p.port
-      if type(port) ~= "number" or port ~= math.floor(port) or port < 1 or port > 65535 then
-        return pw .. ".port is not a port (1-65535)"
-      end
-    end
-  end
-  return nil
-end
-
--- check_table validates a decoded peers table (format 1, or format 2: a
--- canary) for route; nil when it is sound, else the reason.
-local function check_table(t, route)
-  if type(t) ~= "table" then return "not a JSON object" end
-  if t.format ~= 1 and t.format ~= 2 then
-    return "unknown format " .. cjson.encode(t.format or cjson.null) .. " (this engine reads formats 1 and 2)"
-  end
-  if type(t.route) ~= "string" or t.route == "" then return "no route" end
-  if t.route ~= route then return "a table of route " .. cjson.encode(t.route) .. " for route " .. cjson.encode(route) end
-  if type(t.version) ~= "string" or t.version == "" then return "no version" end
-  local err = check_tiers(t.tiers, "tiers")
-  if err then return err end
-  local c = t.canary
-  if t.format == 1 then
-    if c ~= nil then return "format 1 has no canary (a table with one is format 2)" end
-    return nil
-  end
-  if type(c) ~= "table" then return "format 2 without a canary object" end
-  local w = c.weight
-  if type(w) ~= "number" or w ~= math.floor(w) or w < 0 or w > 100 then return "canary.weight is not a whole number from 0 to 100" end
-  for _, k in ipairs({ "sticky_header", "override_header", "sticky_cookie" }) do
-    if c[k] ~= nil and type(c[k]) ~= "string" then return "canary." .. k .. " is not a string" end
-  end
-  return check_tiers(c.tiers, "canary.tiers")
-end
-
--- decode_table: the table of JSON text for route, or nil and the reason.
-local function decode_table(text, route)
-  local t, err = cjson.decode(text)
-  if t == nil then
-    return nil, "malformed JSON: " .. tostring(err)
-  end
-  err = check_table(t, route)
-  if err then
-    return nil, err
-  end
-  return t
-end
-
--- build_tiers makes the engine's tiers of a checked tiers array: the same
--- shape register_route receives (max_concurrency 0 and an empty
--- probe_path are absent; the decoded peer objects are used as they are);
--- it adds their identities to members and returns the tiers, their peer
--- count and whether a tier has a probe path.
-local function build_tiers(in_tiers, members)
-  local tiers, n, has_probe = {}, 0, false
-  for i, tr in ipairs(in_tiers) do
-    local x = { use = tr.use, priority = tr.priority, peers = tr.peers }
-    if tr.max_concurrency and tr.max_concurrency > 0 then
-      x.max_concurrency = tr.max_concurrency
-    end
-    if tr.probe_path and tr.probe_path ~= "" then
-      x.probe_path = tr.probe_path
-      has_probe = true
-    end
-    for _, q in ipairs(x.peers) do
-      members[ident(x, q)] = true
-    end
-    n = n + #x.peers
-    tiers[i] = x
-  end
-  return tiers, n, has_probe
-end
-
--- build makes the engine's tiers of a checked table, the identities of
--- its peers (the canary's too), their count, whether a tier has a probe
--- path, and the canary's tiers (nil without a canary).
-local function build(t)
-  local members = {}
-  local tiers, n, has_probe = build_tiers(t.tiers, members)
-  local ctiers
-  if type(t.canary) == "table" then
-    local cn, cp
-    ctiers, cn, cp = build_tiers(t.canary.tiers, members)
-    n, has_probe = n + cn, has_probe or cp
-  end
-  return tiers, members, n, has_probe, ctiers
-end
-
--- ---------------------------------------------------------------------
--- Canary split (docs/lua-contract.md, "Canary"): a route with a canary
--- serves each request from one of two versions, "stable" (the route's
--- tiers) or "canary" (the canary's tiers), chosen in this order: the
--- override header (only the values "stable" and "canary"; any other value
--- is ignored); else the session key, the sticky header or else the sticky
--- cookie, hashed into one of BUCKETS buckets (ngx.crc32_long(key) %
--- BUCKETS: the same in every worker and after every reload), canary when
--- the bucket is below weight * BUCKETS / 100 (raising the weight only adds
--- buckets to the canary, lowering it only removes them); else (no key) an
--- exact weighted draw from a counter in the route's dict: the n-th keyless
--- request is canary when floor(n * w / 100) > floor((n - 1) * w / 100).
--- A keyless request's response sets the sticky cookie to
--- "<bucket>.<random hex>" with a bucket of the version drawn, which the
--- cookie's next requests read back as their bucket. A cookie of any other
--- form is a key like the header's (hashed). Header values are never
--- evaluated: only hashed, compared or parsed as digits.
-local BUCKETS = 10000
-
--- Keys of the split's counters in the route's dict.
-local K_DRAWS = "canary|draws"
-local K_SERVED = { stable = "canary|served|stable", canary = "canary|served|canary" }
-local K_FELL = { stable = "canary|fallthrough|stable", canary = "canary|fallthrough|canary" }
-local OTHER = { stable = "canary", canary = "stable" }
-
--- header_var: the nginx variable of a request header (http_<name>, lower
--- case, '-' as '_'); nil for a name that is not a header token.
-local function header_var(name, default)
-  if type(name) ~= "string" or name == "" then name = default end
-  if not string.match(name, "^[%w%-_]+$") then return nil end
-  return "http_" .. (string.gsub(string.lower(name), "-", "_"))
-end
-
--- make_canary: the split of a route from a canary description (the
--- register_route canary argument, or a peers table's canary) and its
--- built tiers.
-local function make_canary(c, tiers)
-  local w = clamp(math.floor(num(c.weight, 0)), 0, 100)
-  local cookie = c.sticky_cookie
-  if type(cookie) ~= "string" or cookie == "" then cookie = "autoconfig-session" end
-  if not string.match(cookie, "^[%w!#$%%&'*+%-.^_`|~]+$") then cookie = "autoconfig-session" end
-  return {
-    weight = w, band = w * BUCKETS / 100, tiers = tiers,
-    sticky_header = c.sticky_header or "x-session-id",
-    override_header = c.override_header or "x-model-version",
-    sticky_cookie = cookie,
-    override_var = header_var(c.override_header, "x-model-version"),
-    sticky_var = header_var(c.sticky_header, "x-session-id"),
-    cookie_var = "cookie_" .. cookie,
-    cookie_attrs = "; Path=/; HttpOnly; SameSite=Lax",
-  }
-end
-
-local seeded = false
-
--- cookie_for: a sticky cookie whose bucket is in version v's band.
-local function cookie_for(c, v)
-  if not seeded then
-    seeded = true
-    math.randomseed(ngx.worker.pid() * 1000003 + math.floor(ngx.now() * 1000) % 1000003)
-  end
-  local bucket
-  if v == "canary" then
-    bucket = math.random(0, c.band - 1)
-  else
-    bucket = math.random(c.band, BUCKETS - 1)
-  end
-  return c.sticky_cookie .. "=" .. bucket .. "." .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
-end
-
--- choose: the version a request asks for, and true when it had no key
--- (its response sets the sticky cookie).
-local function choose(r, c)
-  local var = ngx.var
-  local ov = c.override_var and var[c.override_var]
-  if ov == "stable" or ov == "canary" then
-    return ov, false
-  end
-  local bucket
-  local key = c.sticky_var and var[c.sticky_var]
-  if key ~= nil and key ~= "" then
-    bucket = ngx.crc32_long(key) % BUCKETS
-  else
-    key = var[c.cookie_var]
-    if key ~= nil and key ~= "" then
-      local b = string.match(key, "^(%d%d?%d?%d?)%.%x+$")
-      bucket = b and tonumber(b) or ngx.crc32_long(key) % BUCKETS
-    end
-  end
-  if bucket then
-    return bucket < c.band and "canary" or "stable", false
-  end
-  local w = c.weight
-  local n = r.store:incr(K_DRAWS, 1, 0)
-  if not n then
-    return math.random() * 100 < w and "canary" or "stable", true
-  end
-  return math.floor(n * w / 100) > math.floor((n - 1) * w / 100) and "canary" or "stable", true
-end
-
-local probe
 
 function M.registered(route)
   return routes[route] ~= nil
@@ -468,7 +99,7 @@ local function start_probe(r)
     return
   end
   r.probing = true
-  local ok, err = ngx.timer.every(r.probe_every, probe, r.name)
+  local ok, err = ngx.timer.every(r.probe_every, probe_mod.run, r.name)
   if not ok then
     ngx.log(ngx.ERR, "route ", r.name, ": health probe timer: ", err)
   end
@@ -477,7 +108,7 @@ end
 local function new_route(route, options, tiers)
   local prev = routes[route]
   local o = options or {}
-  local store, shared = store_for(route)
+  local store, shared = state.store_for(route)
   local r = {
     name = route, options = o, tiers = tiers or {},
     registrations = (prev and prev.registrations or 0) + 1,
@@ -502,24 +133,39 @@ local function new_route(route, options, tiers)
     video = o.kind == "video",
     probing = prev and prev.probing or false,
     rr = 0,
+    labels = {},
   }
+  r.slo = slo.config(o)
+  if r.video then
+    r.slo.adaptive = false
+  end
   routes[route] = r
   return r, prev
 end
 
+-- set_affinity: the route's affinity settings (its canary's split names
+-- the session header and cookie).
+local function set_affinity(r)
+  r.aff = affinity.config(r.options, r.canary)
+  if r.video then
+    r.aff.on = false
+  end
+end
+
 -- register_route: canary (optional) is the route's second version,
 -- { weight, sticky_header, override_header, sticky_cookie, tiers }.
-function M.register_route(route, options, tiers, canary)
+function M.register_route(route, options, tiers, c)
   local r, prev = new_route(route, options, tiers)
   for _, t in ipairs(r.tiers) do
     r.has_probe = r.has_probe or type(t.probe_path) == "string"
   end
-  if type(canary) == "table" then
-    r.canary = make_canary(canary, type(canary.tiers) == "table" and canary.tiers or {})
+  if type(c) == "table" then
+    r.canary = canary.make(c, type(c.tiers) == "table" and c.tiers or {})
     for _, t in ipairs(r.canary.tiers) do
       r.has_probe = r.has_probe or type(t.probe_path) == "string"
     end
   end
+  set_affinity(r)
   if not prev then
     start_probe(r)
   end
@@ -531,222 +177,62 @@ function M.register_dynamic_route(route, options)
   local r = new_route(route, options, {})
   r.dynamic = true
   r.members, r.npeers = {}, 0
+  set_affinity(r)
   if not r.shared then
     ngx.log(ngx.ERR, "route ", route, ": no lua_shared_dict named ", route,
       ": the control endpoint cannot reach this route (seed file only, per worker)")
   end
 end
 
--- seed stores the route's seed file, <peers_dir>/peers_<route>.json, when
--- the dict holds no table: with add, so it never overwrites a push, and
--- serial 0. Returns the stored version (a push's, when one came first),
--- nil when there is none. A missing or bad file is looked at again after
--- a second, not on every request.
-local function seed(r)
-  if not config.peers_dir then
-    return nil
+-- refresh: a dynamic route's current table (and the affinity settings of
+-- its canary, which the table carries).
+local function refresh(r)
+  local v = r.version
+  sync(r)
+  if r.version ~= v then
+    set_affinity(r)
   end
-  local now = ngx.now()
-  if r.seed_retry and now < r.seed_retry then
-    return nil
-  end
-  r.seed_retry = now + 1
-  local path = config.peers_dir .. "/peers_" .. r.name .. ".json"
-  local f = io.open(path, "rb")
-  if not f then
-    return nil
-  end
-  local text = f:read("*a")
-  f:close()
-  local t, err = decode_table(text or "", r.name)
-  if not t then
-    ngx.log(ngx.ERR, "route ", r.name, ": seed ", path, ": ", err)
-    return nil
-  end
-  local dict = r.store
-  local ok, aerr = dict:safe_add(K_TABLE, text)
-  if not ok and aerr ~= "exists" then
-    ngx.log(ngx.ERR, "route ", r.name, ": seed ", path, ": ", aerr)
-    return nil
-  end
-  -- The dict holds a table now, ours or a push's that came between: its
-  -- version is that text's, so version and table always agree.
-  local stored = dict:get(K_TABLE)
-  local version = t.version
-  if stored ~= nil and stored ~= text then
-    local st = cjson.decode(stored)
-    version = type(st) == "table" and st.version or nil
-  end
-  if type(version) ~= "string" then
-    return nil
-  end
-  dict:safe_add(K_VERSION, version)
-  dict:safe_add(K_SERIAL, 0)
-  ngx.log(ngx.INFO, "route ", r.name, ": seeded peers table version ", version, " from ", path)
-  return dict:get(K_VERSION)
 end
 
--- sync makes the worker's tiers those of the table in the dict: one read
--- of the version; the table is decoded only when the version differs from
--- the one this worker holds. The version is read before the table, and a
--- push writes the table before the version, so the table is never older
--- than the version (a newer one is decoded again on the next request).
-local function sync(r)
-  local dict = r.store
-  local v = dict:get(K_VERSION)
-  if v == nil then
-    v = seed(r)
-    if v == nil then
-      return
-    end
+-- ---------------------------------------------------------------------
+-- Metrics labels, made once per route, version and peer.
+
+local function lv(r, v)
+  local c = r.labels[v or ""]
+  if c == nil then
+    c = { rv = metrics.labels("route", r.name, "version", v), peers = {} }
+    r.labels[v or ""] = c
   end
-  if v == r.version then
-    return
-  end
-  -- Only checked tables are stored (a push's, a seed's): decoded, not
-  -- checked again (the check costs a quarter of the decode).
-  local text = dict:get(K_TABLE)
-  local ok, tiers, members, npeers, has_probe, ctiers
-  local t
-  if text == nil then
-    tiers = "version " .. tostring(v) .. " stored without a table"
-  else
-    local err
-    t, err = cjson.decode(text)
-    if type(t) ~= "table" or t.route ~= r.name then
-      tiers = "not a table of this route: " .. tostring(err)
-    else
-      ok, tiers, members, npeers, has_probe, ctiers = pcall(build, t)
-    end
-  end
-  if not ok then
-    -- Keep the tiers held; do not decode again until the version changes.
-    ngx.log(ngx.ERR, "route ", r.name, ": peers table version ", tostring(v), ": ", tostring(tiers),
-      "; keeping version ", tostring(r.version))
-    r.version = v
-    return
-  end
-  r.tiers, r.members, r.npeers, r.has_probe = tiers, members, npeers, has_probe
-  r.canary = ctiers and make_canary(t.canary, ctiers) or nil
-  r.version = v
+  return c
 end
 
-local function active(r, t, p) return r.store:get(pkey("a", t, p)) or 0 end
-local function ejected(r, t, p) return r.store:get(pkey("e", t, p)) ~= nil end
-local function unhealthy(r, t, p) return r.store:get(pkey("u", t, p)) ~= nil end
-local function out_of_pick(r, t, p) return ejected(r, t, p) or unhealthy(r, t, p) end
+local CLASSES = { "1xx", "2xx", "3xx", "4xx", "5xx" }
 
-local function has_slot(r, t, p)
-  return t.max_concurrency == nil or active(r, t, p) < t.max_concurrency
+local function lpeer(r, v, peer, status)
+  local c = lv(r, v)
+  local cls = CLASSES[math.floor(status / 100)] or "5xx"
+  local pc = c.peers[peer]
+  if pc == nil then
+    pc = {}
+    c.peers[peer] = pc
+  end
+  local s = pc[cls]
+  if s == nil then
+    s = metrics.labels("route", r.name, "version", v, "peer", peer, "class", cls)
+    pc[cls] = s
+  end
+  return s
 end
 
--- tiers_of: the tiers of version v of route r (the route's own tiers
--- unless v is "canary").
-local function tiers_of(r, v)
-  if v == "canary" and r.canary then
-    return r.canary.tiers
+local function count_request(r, v, peer, status)
+  local d = metrics_dict()
+  if d then
+    metrics.inc(d, "autoconfig_engine_requests_total", lpeer(r, v, peer or "", status), 1)
   end
-  return r.tiers
 end
 
--- live: whether tiers have a peer in the pick (not ejected, not
--- unhealthy).
-local function live(r, tiers)
-  for _, t in ipairs(tiers) do
-    for _, p in ipairs(t.peers) do
-      if not out_of_pick(r, t, p) then
-        return true
-      end
-    end
-  end
-  return false
-end
-
--- split chooses the request's version (choose) and falls through to the
--- other version when the chosen one has no live peer and the other has;
--- it records the version (and the fallthrough, and the cookie to set) in
--- ngx.ctx and returns the version's tiers.
-local function split(r, ctx)
-  local c = r.canary
-  local v, keyless = choose(r, c)
-  if keyless then
-    ctx.autoconfig_cookie = cookie_for(c, v)
-  end
-  if not live(r, tiers_of(r, v)) and live(r, tiers_of(r, OTHER[v])) then
-    ctx.autoconfig_fell = v
-    v = OTHER[v]
-  end
-  ctx.autoconfig_version = v
-  return tiers_of(r, v)
-end
-
--- best_in_tier returns tier t's untried peer with the fewest active
--- requests, preferring peers under their max_concurrency (ties rotate),
--- with whether it has a free slot and its active count; with ignore_out,
--- ejected and unhealthy peers count too. nil when the tier has no such
--- peer. tried holds peer identities.
-local function best_in_tier(r, t, tried, ignore_out)
-  local n = #t.peers
-  local best, best_free, best_active
-  for k = 0, n - 1 do
-    local pi = (r.rr + k) % n + 1
-    local p = t.peers[pi]
-    if not tried[ident(t, p)] and (ignore_out or not out_of_pick(r, t, p)) then
-      local a = active(r, t, p)
-      local free = t.max_concurrency == nil or a < t.max_concurrency
-      if not best or (free and not best_free) or (free == best_free and a < best_active) then
-        best, best_free, best_active = p, free, a
-      end
-    end
-  end
-  return best, best_free, best_active
-end
-
--- pick returns tier and peer (the objects) for the next try from tiers
--- (the route's, or its canary's): the best usable untried peer of the first tier that has one. When every peer is
--- out of the pick, the first tier with an untried peer is used anyway (a
--- request is never failed for ejection alone), except below a FailClose
--- cart tier. Tier and peer come from one look at each peer: the shared
--- state can change between two looks (another worker ejects a peer), and
--- a tier chosen by one look with its peer chosen by another could have
--- none. A video route picks from its tiers of equal priority as one group
--- (nginx's primary servers are one pool).
-local function pick(r, tried, tiers)
-  r.rr = r.rr + 1
-  local nt = #tiers
-  for pass = 1, 2 do
-    local i = 1
-    while i <= nt do
-      local j = i
-      if r.video then
-        while j < nt and tiers[j + 1].priority == tiers[i].priority do
-          j = j + 1
-        end
-      end
-      local bt, bp, bfree, bactive
-      local cart = false
-      -- Ties go to the first tier looked at: a group starts its look at a
-      -- rotating tier.
-      local gs = j - i + 1
-      for m = 0, gs - 1 do
-        local t = tiers[i + (r.rr + m) % gs]
-        local p, free, a = best_in_tier(r, t, tried, pass == 2)
-        if p and (not bp or (free and not bfree) or (free == bfree and a < bactive)) then
-          bt, bp, bfree, bactive = t, p, free, a
-        end
-        cart = cart or t.use == "cart"
-      end
-      if bp then
-        return bt, bp
-      end
-      if r.fail_close and cart then
-        break
-      end
-      i = j + 1
-    end
-  end
-  return nil
-end
+-- ---------------------------------------------------------------------
+-- Failures and slots.
 
 -- connect_failed counts one connection failure of a peer and ejects it
 -- after eject_after consecutive ones (a video route: that many within
@@ -781,6 +267,10 @@ local function connect_failed(r, t, p)
   end
   r.store:incr(pkey("n", t, p), 1, 0)
   r.store:set(pkey("f", t, p), 0)
+  local d = metrics_dict()
+  if d then
+    metrics.inc(d, "autoconfig_engine_ejections_total", metrics.labels("route", r.name, "peer", addr(t, p)), 1)
+  end
   ngx.log(ngx.WARN, "route ", r.name, ": ejected ", t.use, " peer ", p.host, ":", p.port,
     " for ", r.eject_secs, "s after ", fails, " connection failures")
 end
@@ -795,10 +285,14 @@ local function release(r, x)
   end
   local k = pkey("a", x.t, x.p)
   local v = r.store:incr(k, -1, 1)
+  r.store:incr(tkey(x.t), -1, 1)
   if r.dynamic and v ~= nil and v <= 0 and not r.members[x.key] then
     r.store:delete(k)
   end
 end
+
+-- ---------------------------------------------------------------------
+-- The route's own endpoints.
 
 local function answer_json(v)
   ngx.header["Content-Type"] = "application/json"
@@ -807,7 +301,7 @@ local function answer_json(v)
 end
 
 local function tier_state(r, tiers)
-  local state = {}
+  local st = {}
   for ti, t in ipairs(tiers) do
     local peers = {}
     for pi, p in ipairs(t.peers) do
@@ -821,34 +315,24 @@ local function tier_state(r, tiers)
         healthy = not unhealthy(r, t, p),
       }
     end
-    state[ti] = { use = t.use, peers = peers }
+    st[ti] = { use = t.use, peers = peers }
   end
-  return state
-end
-
--- split_counts: a canary route's counters (the route's dict: every
--- worker's requests).
-local function split_counts(store)
-  return {
-    requests = { stable = store:get(K_SERVED.stable) or 0, canary = store:get(K_SERVED.canary) or 0 },
-    fallthrough = { stable = store:get(K_FELL.stable) or 0, canary = store:get(K_FELL.canary) or 0 },
-    draws = store:get(K_DRAWS) or 0,
-  }
+  return st
 end
 
 local function status(r)
-  local state = tier_state(r, r.tiers)
+  local st = tier_state(r, r.tiers)
   local out = {
     route = r.name, options = r.options, tiers = r.tiers,
     registrations = r.registrations, pid = ngx.worker.pid(),
-    shared_dict = r.shared, state = state,
+    shared_dict = r.shared, state = st,
   }
   if r.dynamic then
     out.dynamic, out.version, out.serial = true, r.version, r.store:get(K_SERIAL)
   end
   local c = r.canary
   if c then
-    local counts = split_counts(r.store)
+    local counts = canary.split_counts(r.store)
     out.canary = {
       weight = c.weight, sticky_header = c.sticky_header, override_header = c.override_header,
       sticky_cookie = c.sticky_cookie, tiers = c.tiers, state = tier_state(r, c.tiers),
@@ -857,37 +341,107 @@ local function status(r)
   end
   if ngx.var.arg_strings == "hex" then
     if out.canary then out.canary = hexify(out.canary) end
-    out.route, out.options, out.tiers, out.state = hex(r.name), hexify(r.options), hexify(r.tiers), hexify(state)
+    out.route, out.options, out.tiers, out.state = hex(r.name), hexify(r.options), hexify(r.tiers), hexify(st)
     if out.version then out.version = hex(out.version) end
   end
+  -- The tiers' rings are the engine's own; they are not part of the
+  -- registration.
   return out
 end
 
-local function refuse(code, ...)
+-- tps_status: GET /_tps_status, what the route's SLO admission does now.
+local function tps_status(route, r)
+  local o = r and r.options or {}
+  local s = r and r.slo or slo.config(o)
+  local out = {
+    route = route, options = o,
+    opt_in = s.opt_in,
+    adaptive_cc_on = s.adaptive,
+    tps_limit_tps = s.tps, ttft_limit_ms = s.ttft,
+    adaptive_cc_min = s.min, adaptive_cc_max = s.max,
+    affinity = r and r.aff and r.aff.on or false,
+  }
+  if r then
+    local peers = slo.peers_status(r, r.tiers, r.canary and "stable" or nil, {})
+    if r.canary then
+      slo.peers_status(r, r.canary.tiers, "canary", peers)
+    end
+    out.peers = peers
+  end
+  return answer_json(out)
+end
+
+-- refuse answers the request itself (no peer is tried); a 503 carries
+-- Retry-After: 1 and counts as an admission refusal for reason.
+local function refuse(r, code, reason, ...)
   ngx.status = code
   if code == 503 then
     ngx.header["Retry-After"] = "1"
   end
   ngx.header["Content-Type"] = "text/plain"
+  if r and reason then
+    local d = metrics_dict()
+    if d then
+      local v = ngx.ctx.autoconfig_version
+      metrics.inc(d, "autoconfig_engine_admission_refusals_total",
+        metrics.labels("route", r.name, "version", v, "reason", reason), 1)
+    end
+  end
   ngx.say(...)
   return ngx.exit(code)
+end
+
+-- tiers_of: the tiers of version v of route r (the route's own tiers
+-- unless v is "canary").
+local function tiers_of(r, v)
+  if v == "canary" and r.canary then
+    return r.canary.tiers
+  end
+  return r.tiers
+end
+
+-- live: whether tiers have a peer in the pick (not ejected, not
+-- unhealthy).
+local function live(r, tiers)
+  for _, t in ipairs(tiers) do
+    for _, p in ipairs(t.peers) do
+      if not out_of_pick(r, t, p) then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+-- split chooses the request's version (canary.choose) and falls through
+-- to the other version when the chosen one has no live peer and the
+-- other has; it records the version (and the fallthrough, and the cookie
+-- to set) in ngx.ctx and returns the version's tiers.
+local function split(r, ctx)
+  local c = r.canary
+  local v, keyless = canary.choose(r, c)
+  if keyless then
+    ctx.autoconfig_cookie = canary.cookie_for(c, v)
+  end
+  if not live(r, tiers_of(r, v)) and live(r, tiers_of(r, OTHER[v])) then
+    ctx.autoconfig_fell = v
+    v = OTHER[v]
+  end
+  ctx.autoconfig_version = v
+  return tiers_of(r, v)
 end
 
 function M.access(route)
   local r = routes[route]
   if r and r.dynamic then
-    sync(r)
+    refresh(r)
     start_probe(r)
   end
   local uri = ngx.var.uri
   -- A video route is a plain proxy: its paths are the backend's.
   if not (r and r.video) then
     if uri == "/_tps_status" then
-      local o = r and r.options or {}
-      return answer_json({
-        route = route, opt_in = o.tps_limit_tps ~= nil,
-        tps_limit_tps = tonumber(o.tps_limit_tps), options = o,
-      })
+      return tps_status(route, r)
     end
     if uri == "/_status" then
       if not r then
@@ -902,42 +456,62 @@ function M.access(route)
   end
   if r.dynamic then
     if r.version == nil then
-      return refuse(503, "route ", route, ": no peers table yet")
+      return refuse(r, 503, "no_peers", "route ", route, ": no peers table yet")
     end
     if r.npeers == 0 then
-      return refuse(503, "route ", route, ": the peers table version ", r.version, " has no peer")
+      return refuse(r, 503, "no_peers", "route ", route, ": the peers table version ", r.version, " has no peer")
     end
   end
+  local ctx = ngx.ctx
   local tiers = r.tiers
   if r.canary then
-    tiers = split(r, ngx.ctx)
+    tiers = split(r, ctx)
   end
-  if not r.admission then
+  if r.video then
     return
   end
-  -- Admission: the tier that serves now (the first with a peer in the
-  -- pick) must have a peer with a free slot. One look at each peer decides
-  -- both: another worker can eject a peer between two looks, and a tier
-  -- found by one look could have no usable peer at the second (a request
-  -- refused for an ejection alone: TestNginxReferenceConf's rare 1/150).
-  -- When no peer is in the pick the request is admitted, and balance's
-  -- second pass chooses (a request is never failed for ejection alone).
-  for _, t in ipairs(tiers) do
-    local usable = false
-    for _, p in ipairs(t.peers) do
-      if not out_of_pick(r, t, p) then
-        if has_slot(r, t, p) then
-          return
-        end
-        usable = true
-      end
+  -- An llm request: the body filter and the log phase measure it.
+  local req = { r = r, start = ngx.req.start_time() }
+  ctx.autoconfig_req = req
+  local kh
+  if r.aff.on then
+    local key = affinity.key(r)
+    if key then
+      req.key = key
+      kh = pick_mod.keyhash(key)
     end
-    if usable then
-      return refuse(503, "route ", route, ": every peer of the ", t.use, " tier is at its max_concurrency")
-    end
-    if r.fail_close and t.use == "cart" then
-      return
-    end
+  end
+  -- The first try's pick is the admission: the tier that serves now (the
+  -- first with a peer in the pick) must have a peer under its limit. One
+  -- look at each peer decides both (another worker can eject a peer
+  -- between two looks). When no peer is in the pick the request is
+  -- admitted, and the pick's second pass chooses (a request is never
+  -- failed for ejection alone).
+  local t, p, free, inpick, place = pick(r, {}, tiers, kh, limit_of)
+  if t and inpick and not free and r.admission then
+    local why = r.slo.adaptive and "adaptive_limit" or "max_concurrency"
+    return refuse(r, 503, why, "route ", route, ": every peer of the ", t.use,
+      " tier is at its ", r.slo.adaptive and "adaptive concurrency limit" or "max_concurrency")
+  end
+  if t then
+    -- The planned peer's slot is taken now, not in the balancer: the
+    -- next request's pick (in any worker) already counts it, so a burst
+    -- cannot overshoot a limit or the bounded load between the two phases.
+    local store = r.store
+    store:incr(pkey("a", t, p), 1, 0)
+    store:incr(tkey(t), 1, 0)
+    ctx.autoconfig_plan = { t = t, p = p, version = r.version, held = true }
+    req.place = place or "keyless"
+  end
+end
+
+-- unplan gives back the slot access took for a plan the balancer did not
+-- use (the table changed in between, or no try was made).
+local function unplan(r, ctx)
+  local plan = ctx.autoconfig_plan
+  if plan and plan.held then
+    plan.held = false
+    release(r, { t = plan.t, p = plan.p, key = ident(plan.t, plan.p), counted = true })
   end
 end
 
@@ -951,7 +525,7 @@ function M.balance(route)
   local balancer = require("ngx.balancer")
   local r = routes[route]
   if r.dynamic then
-    sync(r)
+    refresh(r)
   end
   local ctx = ngx.ctx
   local tries = ctx.autoconfig_tries
@@ -974,10 +548,10 @@ function M.balance(route)
     -- The previous try ended without a response: settle it now, so this
     -- try's pick already sees its failure count and ejection.
     local last = tries[#tries]
-    local state = balancer.get_last_failure()
+    local st = balancer.get_last_failure()
     release(r, last)
     last.settled = true
-    if state == "failed" then
+    if st == "failed" then
       connect_failed(r, last.t, last.p)
     end
   end
@@ -985,23 +559,33 @@ function M.balance(route)
   for _, x in ipairs(tries) do
     tried[x.key] = true
   end
+  local req = ctx.autoconfig_req
+  local kh = req and req.key and pick_mod.keyhash(req.key) or nil
   local v = ctx.autoconfig_version
   local t, p
-  if v and r.canary then
+  local plan = ctx.autoconfig_plan
+  local held = false
+  if #tries == 0 and plan and plan.held and plan.version == r.version then
+    t, p, held = plan.t, plan.p, true
+    plan.held = false
+  elseif v and r.canary then
     -- A retry of a route that does not retry (the canary's extra try)
     -- goes to the other version; a retrying route's retries stay in the
     -- version while it has an untried peer.
     if #tries == 0 or (r.retry and #tries < r.max_tries) then
-      t, p = pick(r, tried, tiers_of(r, v))
+      t, p = pick(r, tried, tiers_of(r, v), kh, limit_of)
     end
     if not t and not ctx.autoconfig_fell then
       ctx.autoconfig_fell = v
       v = OTHER[v]
       ctx.autoconfig_version = v
-      t, p = pick(r, tried, tiers_of(r, v))
+      t, p = pick(r, tried, tiers_of(r, v), kh, limit_of)
     end
   else
-    t, p = pick(r, tried, r.tiers)
+    t, p = pick(r, tried, r.tiers, kh, limit_of)
+  end
+  if #tries == 0 and not held then
+    unplan(r, ctx)
   end
   if not t then
     ngx.log(ngx.ERR, "route ", route, ": no peer left to try")
@@ -1012,8 +596,9 @@ function M.balance(route)
   -- has been seen in this worker.
   local counted = not r.video or r.log_seen == true
   tries[#tries + 1] = { t = t, p = p, key = ident(t, p), counted = counted }
-  if counted then
+  if counted and not held then
     r.store:incr(pkey("a", t, p), 1, 0)
+    r.store:incr(tkey(t), 1, 0)
   end
   r.store:incr(pkey("t", t, p), 1, 0)
   local ok, err = balancer.set_current_peer(bracketed(p.host), p.port)
@@ -1023,10 +608,135 @@ function M.balance(route)
   end
 end
 
+-- ---------------------------------------------------------------------
+-- Measuring an llm answer (the body filter) and settling it (log).
+
+local function elapsed_ms(req, now)
+  return (now - req.start) * 1000
+end
+
+-- first_token records the request's time to first token.
+local function first_token(req, now, t, p)
+  req.first, req.mark, req.mark_tokens = now, now, req.tokens
+  req.next_sample = now + slo.SAMPLE_SECONDS
+  local ms = elapsed_ms(req, now)
+  req.ttft_ms = ms
+  slo.ttft(req.r, t, p, ms)
+end
+
+-- sample feeds the decode rate of the stream's last interval to the
+-- peer's adaptive limit.
+local function sample(req, now, t, p)
+  local dt = now - req.mark
+  if dt > 0 then
+    slo.decode(req.r, t, p, (req.tokens - req.mark_tokens) / dt)
+  end
+  req.mark, req.mark_tokens = now, req.tokens
+  req.next_sample = now + slo.SAMPLE_SECONDS
+end
+
+-- body is the http-level body filter of the shipped nginx.conf: for llm
+-- requests it counts the answer's tokens as they pass (SSE content
+-- events, or the usage of a JSON answer) and times the first one.
+function M.body()
+  local ctx = ngx.ctx
+  local req = ctx.autoconfig_req
+  if not req then
+    return
+  end
+  local tries = ctx.autoconfig_tries
+  local last = tries and tries[#tries]
+  if not last then
+    return
+  end
+  local chunk, eof = ngx.arg[1], ngx.arg[2]
+  local mode = req.mode
+  if mode == nil then
+    local ct = ngx.header["Content-Type"] or ""
+    if type(ct) == "table" then ct = ct[1] or "" end
+    if ngx.status >= 300 then
+      mode = "none"
+    elseif string.find(ct, "text/event-stream", 1, true) then
+      mode = "sse"
+    elseif string.find(ct, "json", 1, true) then
+      mode = "json"
+    else
+      mode = "none"
+    end
+    req.mode, req.tokens = mode, 0
+    if mode ~= "none" then
+      req.parse = sse.new()
+    end
+  end
+  if mode == "none" then
+    return
+  end
+  if mode == "sse" then
+    local now = ngx.now()
+    if chunk and chunk ~= "" then
+      local n = sse.feed(req.parse, chunk)
+      if n > 0 then
+        req.tokens = req.tokens + n
+        req.last = now
+        if not req.first then
+          first_token(req, now, last.t, last.p)
+        elseif now >= req.next_sample then
+          sample(req, now, last.t, last.p)
+        end
+      end
+    end
+    return
+  end
+  -- A JSON answer arrives whole after the generation: it has usage, no
+  -- first-token time.
+  if chunk and chunk ~= "" then
+    sse.feed_json(req.parse, chunk)
+  end
+  if eof then
+    sse.finish_json(req.parse)
+  end
+end
+
+-- settle_answer records what the body filter measured: tokens, the TTFT
+-- and decode-rate histograms, the stream's last decode sample, and a
+-- Responses API answer's id (the next turn's previous_response_id).
+local function settle_answer(r, req, t, p, v)
+  local st = req.parse
+  if not st then
+    return
+  end
+  local d = metrics_dict()
+  local rv = lv(r, v).rv
+  local completion = st.completion_tokens or (req.mode == "sse" and req.tokens) or nil
+  if d then
+    if st.prompt_tokens then
+      metrics.inc(d, "autoconfig_engine_prompt_tokens_total", rv, st.prompt_tokens)
+    end
+    if completion and completion > 0 then
+      metrics.inc(d, "autoconfig_engine_completion_tokens_total", rv, completion)
+    end
+    if req.ttft_ms then
+      metrics.observe(d, "autoconfig_engine_ttft_seconds", rv, req.ttft_ms / 1000)
+    end
+  end
+  if req.mode == "sse" and req.first and req.last and req.last > req.first and req.tokens > 1 then
+    local rate = (req.tokens - 1) / (req.last - req.first)
+    if d then
+      metrics.observe(d, "autoconfig_engine_decode_tokens_per_second", rv, rate)
+    end
+    if req.last > req.mark and req.tokens > req.mark_tokens then
+      sample(req, req.last, t, p)
+    end
+  end
+  if st.id and req.key then
+    affinity.remember(r, st.id, req.key)
+  end
+end
+
 -- log settles the last try: releases its slot, resets the peer's failure
 -- count when nginx got a response (any status) or counts a connection
 -- failure when it did not ($upstream_status "502"/"504" with no
--- $upstream_connect_time, i.e. "-").
+-- $upstream_connect_time, i.e. "-"); it counts the request's metrics.
 function M.log(route)
   local r = routes[route]
   if r then
@@ -1039,21 +749,41 @@ function M.log(route)
     local fell = ctx.autoconfig_fell
     if fell then
       r.store:incr(K_FELL[fell], 1, 0)
+      local d = metrics_dict()
+      if d then
+        metrics.inc(d, "autoconfig_engine_canary_fallthrough_total", lv(r, fell).rv, 1)
+      end
     end
   end
   local tries = ctx.autoconfig_tries
-  if not r or not tries then
+  if not r then
     return
   end
-  local last = tries[#tries]
+  unplan(r, ctx)
+  local last = tries and tries[#tries]
+  count_request(r, v, last and addr(last.t, last.p) or "", ngx.status)
+  local req = ctx.autoconfig_req
+  if req and last then
+    local d = metrics_dict()
+    if d and req.place then
+      local c = lv(r, v)
+      local ps = c[req.place]
+      if ps == nil then
+        ps = metrics.labels("route", r.name, "version", v, "result", req.place)
+        c[req.place] = ps
+      end
+      metrics.inc(d, "autoconfig_engine_affinity_placements_total", ps, 1)
+    end
+    settle_answer(r, req, last.t, last.p, v)
+  end
   if not last or last.settled then
     return
   end
   local t, p = last.t, last.p
   release(r, last)
   local connect
-  for v in string.gmatch(ngx.var.upstream_connect_time or "", "[^,: ]+") do
-    connect = v
+  for x in string.gmatch(ngx.var.upstream_connect_time or "", "[^,: ]+") do
+    connect = x
   end
   if connect == "-" or connect == nil then
     connect_failed(r, t, p)
@@ -1087,330 +817,48 @@ function M.header(route)
   end
 end
 
--- probe_one: GET probe_path over a cosocket; true on status 200.
-local function probe_one(host, port, path)
-  local sock = ngx.socket.tcp()
-  sock:settimeouts(1000, 1000, 2000)
-  local h = bracketed(host)
-  local ok = sock:connect(h, port)
-  if not ok then
-    return false
-  end
-  local sent = sock:send("GET " .. path .. " HTTP/1.0\r\nHost: " .. h .. "\r\nUser-Agent: autoconfig-router-probe\r\n\r\n")
-  local line = sent and sock:receive("*l")
-  sock:close()
-  return line ~= nil and string.match(line, "^HTTP/%d%.%d 200") ~= nil
-end
-
--- probe runs in a timer: every peer of every tier with a probe_path (a
--- dynamic route's current table).
-probe = function(premature, route)
-  local r = routes[route]
-  if premature or not r or ngx.worker.exiting() then
-    return
-  end
-  if r.dynamic then
-    sync(r)
-  end
-  local all = r.tiers
-  if r.canary then
-    all = {}
-    for _, t in ipairs(r.tiers) do all[#all + 1] = t end
-    for _, t in ipairs(r.canary.tiers) do all[#all + 1] = t end
-  end
-  for _, t in ipairs(all) do
-    -- A path that cannot go into a request line as is (space, control or
-    -- non-ASCII byte) is not probed.
-    if type(t.probe_path) == "string" and string.match(t.probe_path, "^/[%w%p]*$") then
-      for _, p in ipairs(t.peers) do
-        local ok, healthy = pcall(probe_one, p.host, p.port, t.probe_path)
-        if ok and healthy then
-          r.store:set(pkey("u", t, p), nil)
-        else
-          -- Kept a little longer than one interval, so a worker whose timer
-          -- stopped does not pin a peer out forever.
-          r.store:set(pkey("u", t, p), true, r.probe_every * 3)
-        end
-      end
-    end
-  end
-end
-
 -- ---------------------------------------------------------------------
--- The control endpoint (docs/lua-contract.md, "Dynamic peers"): the
--- content handler of the shipped nginx.conf's server on
--- unix:<sock-dir>/autoconfig@control.sock.
+-- GET /metrics (the shipped nginx.conf's port 9145).
 
--- json encodes a control answer: objects with sorted keys, strings by
--- cjson, whole numbers in full (cjson would round a serial above 10^14).
-local function json(v)
-  local ty = type(v)
-  if ty == "table" then
-    local keys = {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    table.sort(keys)
-    local parts = {}
-    for i, k in ipairs(keys) do
-      parts[i] = cjson.encode(tostring(k)) .. ":" .. json(v[k])
-    end
-    return "{" .. table.concat(parts, ",") .. "}"
-  end
-  if ty == "number" and v == math.floor(v) and math.abs(v) <= MAX_SERIAL then
-    return string.format("%.0f", v)
-  end
-  if v == nil then
-    return "null"
-  end
-  return cjson.encode(v)
-end
+local GAUGE_KINDS = {
+  a = "autoconfig_engine_peer_in_flight",
+  l = "autoconfig_engine_peer_concurrency_limit",
+  r = "autoconfig_engine_peer_decode_tokens_per_second",
+  m = "autoconfig_engine_peer_ttft_seconds",
+}
 
-local function control_answer(code, v)
-  ngx.status = code
-  ngx.header["Content-Type"] = "application/json"
-  ngx.say(json(v))
-  return ngx.exit(ngx.HTTP_OK)
-end
-
-local function control_error(code, msg)
-  return control_answer(code, { error = msg })
-end
-
--- route_dict: the shared dict named route, nil when there is none.
-local function route_dict(route)
-  local ok, dict = pcall(function() return ngx.shared[route] end)
-  if ok and type(dict) == "table" and dict.get then
-    return dict
-  end
-  return nil
-end
-
-local function peer_count(t)
-  local n = 0
-  for _, tr in ipairs(t.tiers) do
-    n = n + #tr.peers
-  end
-  if type(t.canary) == "table" and is_array(t.canary.tiers) then
-    for _, tr in ipairs(t.canary.tiers) do
-      n = n + #tr.peers
-    end
-  end
-  return n
-end
-
--- stored: what route's dict holds (route, version, serial, peers), nil
--- when no table.
-local function stored(route, dict)
-  local version = dict:get(K_VERSION)
-  if version == nil then
-    return nil
-  end
-  local out = { route = route, version = version, serial = dict:get(K_SERIAL) or 0 }
-  local text = dict:get(K_TABLE)
-  local t = text and cjson.decode(text)
-  if type(t) == "table" and is_array(t.tiers) then
-    out.peers = peer_count(t)
-  end
-  return out
-end
-
--- lock serializes the pushes of one route across the workers (a ttl
--- frees it should its holder die).
-local function lock(dict)
-  for _ = 1, 5000 do
-    local ok, err = dict:safe_add(K_LOCK, ngx.worker.pid(), 10)
-    if ok then
-      return true
-    end
-    if err ~= "exists" then
-      return nil, err
-    end
-    ngx.sleep(0.001)
-  end
-  return nil, "timeout"
-end
-
--- forget deletes the state of the peers of old that new does not list (a
--- peer removed and added later starts afresh, and the dict does not fill
--- with the state of gone pods). An active count above 0 stays: the
--- request's log phase releases it and deletes it at 0.
-local function forget(dict, old_text, members)
-  local old = cjson.decode(old_text)
-  if type(old) ~= "table" or not is_array(old.tiers) then
-    return
-  end
-  local all = old.tiers
-  if type(old.canary) == "table" and is_array(old.canary.tiers) then
-    all = {}
-    for _, tr in ipairs(old.tiers) do all[#all + 1] = tr end
-    for _, tr in ipairs(old.canary.tiers) do all[#all + 1] = tr end
-  end
-  for _, tr in ipairs(all) do
-    if type(tr) == "table" and type(tr.use) == "string" and is_array(tr.peers) then
-      for _, p in ipairs(tr.peers) do
-        if type(p) == "table" and p.host ~= nil and p.port ~= nil then
-          local id = tr.use .. "|" .. tostring(p.host) .. "|" .. tostring(p.port)
-          if not members[id] then
-            for _, kind in ipairs(STATE_KINDS) do
-              local k = kind .. "|" .. id
-              if kind ~= "a" or (dict:get(k) or 0) <= 0 then
-                dict:delete(k)
-              end
-            end
+-- gauges: the per-peer gauges of every route dict (every worker's
+-- state, whichever worker answers the scrape).
+local function gauges()
+  local out = {}
+  for name in pairs(ngx.shared) do
+    if name ~= METRICS_DICT then
+      local dict = state.dict(name)
+      local keys = dict and dict:get_keys(0) or {}
+      for _, k in ipairs(keys) do
+        local kind, host, port = string.match(k, "^([alrm])|[^|]*|(.*)|(%d+)$")
+        if kind then
+          local val = dict:get(k)
+          if type(val) == "number" then
+            if kind == "m" then val = val / 1000 end
+            if kind == "l" then val = math.floor(val) end
+            out[#out + 1] = { name = GAUGE_KINDS[kind], value = val,
+              labels = metrics.labels("route", name, "peer", host .. ":" .. port) }
           end
         end
       end
     end
   end
+  return out
 end
 
--- store_table writes a checked table: the text first, then version and
--- serial, so a reader never sees a version without its table. A write the
--- dict has no room for leaves the last good table (a failed safe_set of a
--- key frees its old value: the old text is written back).
-local function store_table(dict, text, version, serial, old_text)
-  if old_text ~= text then
-    local ok, err = dict:safe_set(K_TABLE, text)
-    if not ok then
-      if old_text ~= nil and not dict:safe_set(K_TABLE, old_text) then
-        ngx.log(ngx.ERR, "control: could not write the last good table back")
-      end
-      return nil, err
-    end
-  end
-  local old_version, old_serial = dict:get(K_VERSION), dict:get(K_SERIAL)
-  local ok, err = dict:safe_set(K_VERSION, version)
-  if ok then
-    ok, err = dict:safe_set(K_SERIAL, serial)
-  end
-  if not ok then
-    if old_text ~= nil and old_text ~= text then dict:safe_set(K_TABLE, old_text) end
-    if old_version ~= nil then dict:safe_set(K_VERSION, old_version) else dict:delete(K_VERSION) end
-    if old_serial ~= nil then dict:safe_set(K_SERIAL, old_serial) end
-    return nil, err
-  end
-  return true
+function M.metrics()
+  return metrics.handler(metrics_dict(), gauges)
 end
 
-local function read_body()
-  ngx.req.read_body()
-  local body = ngx.req.get_body_data()
-  if body == nil then
-    -- Only when the server's client_body_buffer_size is below the body.
-    local file = ngx.req.get_body_file()
-    if file then
-      local f = io.open(file, "rb")
-      if f then
-        body = f:read("*a")
-        f:close()
-      end
-    end
-  end
-  return body
-end
-
-local function put_peers(route)
-  local dict = route_dict(route)
-  if not dict then
-    return control_error(404, "no lua_shared_dict named " .. route .. " (route not in this configuration yet)")
-  end
-  local sh = ngx.var.http_x_autoconfig_serial
-  local serial = type(sh) == "string" and string.match(sh, "^%d+$") and tonumber(sh)
-  if not serial or serial > MAX_SERIAL then
-    return control_error(400, "X-Autoconfig-Serial must be a whole number from 0 to 2^53")
-  end
-  local body = read_body()
-  if body == nil or body == "" then
-    return control_error(400, "empty body")
-  end
-  local t, err = decode_table(body, route)
-  if not t then
-    return control_error(400, err)
-  end
-  local ok, lerr = lock(dict)
-  if not ok then
-    if lerr == "no memory" then
-      return control_error(507, "dict " .. route .. " is full")
-    end
-    return control_error(503, "another push holds the lock: " .. tostring(lerr))
-  end
-  local held = tonumber(dict:get(K_SERIAL))
-  if held and serial < held then
-    dict:delete(K_LOCK)
-    return control_answer(409, { error = "serial " .. sh .. " is lower than the stored serial", serial = held,
-      version = dict:get(K_VERSION) })
-  end
-  local old_text = dict:get(K_TABLE)
-  local sok, serr = store_table(dict, body, t.version, serial, old_text)
-  if not sok then
-    dict:delete(K_LOCK)
-    ngx.log(ngx.ERR, "control: route ", route, ": table version ", t.version, " (", #body,
-      " bytes) refused: ", serr, "; keeping the last good table")
-    return control_answer(507, { error = "dict " .. route .. " has no room for the table (" .. #body ..
-      " bytes): " .. tostring(serr) .. "; the last good table stays", version = dict:get(K_VERSION) })
-  end
-  if old_text ~= nil and old_text ~= body then
-    local _, members = build(t)
-    forget(dict, old_text, members)
-  end
-  dict:delete(K_LOCK)
-  return control_answer(200, { route = route, version = t.version, serial = serial, peers = peer_count(t) })
-end
-
--- control is the content handler of the control server: PUT and GET
--- /peers/<route>, GET /peers. A proxied request (X-Real-IP, which the
--- dispatch server sets) is refused.
+-- control is the content handler of the control server (router_control).
 function M.control()
-  if ngx.var.http_x_real_ip ~= nil then
-    return control_error(403, "the control endpoint answers local callers on its unix socket only")
-  end
-  local method = ngx.req.get_method()
-  local uri = ngx.var.uri
-  if uri == "/peers" or uri == "/peers/" then
-    if method ~= "GET" then
-      return control_error(405, "GET /peers")
-    end
-    local out = {}
-    for name in pairs(ngx.shared) do
-      local dict = route_dict(name)
-      local version = dict and dict:get(K_VERSION)
-      if version ~= nil then
-        out[name] = { version = version, serial = dict:get(K_SERIAL) or 0 }
-      end
-    end
-    -- json() writes an empty table as {}.
-    return control_answer(200, { routes = out })
-  end
-  local sroute = string.match(uri, "^/canary/([^/]+)$")
-  if sroute then
-    -- A canary route's counters (its dict), also for a video route, whose
-    -- own paths are the backend's.
-    local dict = route_dict(sroute)
-    if method ~= "GET" then
-      return control_error(405, "GET /canary/<route>")
-    end
-    if not dict then
-      return control_error(404, "no lua_shared_dict named " .. sroute)
-    end
-    local out = split_counts(dict)
-    out.route = sroute
-    return control_answer(200, out)
-  end
-  local route = string.match(uri, "^/peers/([^/]+)$")
-  if not route then
-    return control_error(404, "no such path: GET /peers, GET or PUT /peers/<route>")
-  end
-  if method == "PUT" then
-    return put_peers(route)
-  end
-  if method == "GET" then
-    local dict = route_dict(route)
-    local out = dict and stored(route, dict)
-    if not out then
-      return control_error(404, "no peers table for route " .. route)
-    end
-    return control_answer(200, out)
-  end
-  return control_error(405, "GET or PUT /peers/<route>")
+  return control_mod.handle()
 end
 
 return M

@@ -10,8 +10,8 @@
 -- The concurrency that holds the target is then C / target
 -- = inflight * rate / target. So a missed target moves the limit straight
 -- to what the measurement says the pod carries, base * rate / target
--- (base = the streams that produced the measurement: the in-flight count
--- when the limit did not bind, else the limit), never below half the base
+-- (base = the streams that produced the measurement: the peer's requests
+-- in flight, which may exceed a limit just cut), never below half the base
 -- in one step, so one noisy measurement cannot collapse the limit. TTFT
 -- grows with the queue and the prefill work of the running streams, and
 -- the same ratio, ttft_target / ttft, scales the limit when it is missed.
@@ -87,10 +87,10 @@ local function decrease(limit, inflight, f)
   if f < MAX_CUT then
     f = MAX_CUT
   end
-  local base = limit
-  if inflight < limit then
-    base = inflight > 1 and inflight or 1
-  end
+  -- The measurement was taken at the peer's concurrency now, so that is
+  -- what it scales (also above the limit: streams admitted before a cut
+  -- still run, and the rate they see is the rate of that concurrency).
+  local base = inflight > 1 and inflight or 1
   local v = base * f
   if v < limit then
     return v

@@ -44,7 +44,7 @@ local M = {}
 
 local MAX_POINTS = 80000
 local MIN_PER_PEER = 8
-local MAX_PER_PEER = 160
+local MAX_PER_PEER = 512
 
 -- Sorting packs (position, peer index) into one double:
 -- position * 2^21 + index - 1, exact while position < 2^32 and
@@ -53,7 +53,9 @@ local PACK = 2097152 -- 2^21
 local MAX_PEERS = PACK
 
 -- points_for(n) -> points per peer for a tier of n peers:
--- clamp(floor(80000 / n), 8, 160), so a ring has at most about 80,000 points.
+-- clamp(floor(80000 / n), 8, 512), so a ring has at most about 80,000 points
+-- (512 per peer keep a small tier's shares within about 1/n +- 2 %: removing
+-- one of 8 peers moves about 1/8 of the keys, not 1/8 +- 3 %).
 function M.points_for(n)
   if not n or n < 1 then
     return MAX_PER_PEER
