@@ -2,10 +2,12 @@ package compiler
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/llmsim"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
@@ -135,6 +138,10 @@ func (rig *engineRig) conversations(t *testing.T, convs, turns, concurrent int, 
 	return st
 }
 
+// quickPods answer at once (no base TTFT, a fast decode): tests of
+// placement alone.
+var quickPods = llmsim.Config{DecodeTokensPerSecond: 20000, BaseTTFT: -1}
+
 func sessionID(i int) http.Header {
 	return http.Header{"X-Session-Id": {"session-" + strconv.Itoa(i)}}
 }
@@ -184,3 +191,302 @@ func writeFile(t *testing.T, path string, b []byte) {
 }
 
 var _ = filepath.Join
+
+// TestNginxEngineHotKey: 64 conversations with the same first messages
+// (one affinity key) in flight at once over 8 pods are spread by the
+// bounded load: no pod decodes more than ⌈1.25 × 64/8⌉ + 1 = 11 of them.
+func TestNginxEngineHotKey(t *testing.T) {
+	rig := newEngineRig(t, "hot", 8, llmsim.Config{DecodeTokensPerSecond: 400}, nil, nil)
+	// Warm the ring in both workers.
+	rig.conversations(t, 4, 1, 4, nil, sameSystem)
+	rig.pods.Reset()
+	const convs = 64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := 0
+	for i := 0; i < convs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conv := &llmsim.Conversation{System: "You are a helpful assistant.", FirstUser: "the same first question everyone asks", MaxTokens: 48}
+			<-start
+			res := llmsim.Chat(context.Background(), rig.client, rig.url(), conv.Next("go"), nil)
+			if res.Err != nil || res.Status != 200 {
+				mu.Lock()
+				failed++
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	most, served := 0, map[string]int{}
+	for i, s := range rig.pods.Stats() {
+		served[rig.pods[i].Name()] = s.Requests
+		most = max(most, s.MaxActive)
+	}
+	t.Logf("hot key, %d conversations at once: most streams on one pod %d; requests per pod %v", convs, most, served)
+	if failed != 0 {
+		t.Errorf("%d requests failed", failed)
+	}
+	if bound := (5*convs+4*8-1)/(4*8) + 1; most > bound {
+		t.Errorf("a pod decoded %d streams of one hot key at once, want at most %d", most, bound)
+	}
+	reached := 0
+	for _, n := range served {
+		if n > 0 {
+			reached++
+		}
+	}
+	if reached < 6 {
+		t.Errorf("the hot key reached only %d pods: %v", reached, served)
+	}
+}
+
+// homes sends one request per session key (a few at a time: light load,
+// so the bounded load never moves a key) and returns each key's pod.
+func (rig *engineRig) homes(t *testing.T, keys int) map[int]string {
+	t.Helper()
+	st := rig.conversations(t, keys, 1, 4, sessionID, sameSystem)
+	if st.failed != 0 {
+		t.Fatalf("%d of %d requests failed", st.failed, keys)
+	}
+	return st.podOf
+}
+
+// disruption compares two key → pod maps: the keys that moved, and
+// whether every one of them had been on pod gone.
+func disruption(before, after map[int]string, gone string) (moved int, others int) {
+	for k, p := range before {
+		if after[k] != p {
+			moved++
+			if p != gone {
+				others++
+			}
+		}
+	}
+	return moved, others
+}
+
+// TestNginxEngineMinimalDisruption: removing one pod of 8 moves exactly
+// the conversations that pod held (≈ 1/8), and adding it back returns
+// exactly those: with a static route file and a reload, and with pushed
+// peers tables (no reload).
+func TestNginxEngineMinimalDisruption(t *testing.T) {
+	const keys = 800
+	check := func(t *testing.T, rig *engineRig, remove, restore func(gone llmsim.Pods)) {
+		before := rig.homes(t, keys)
+		goneName := rig.pods[3].Name()
+		remove(append(append(llmsim.Pods{}, rig.pods[:3]...), rig.pods[4:]...))
+		during := rig.homes(t, keys)
+		moved, others := disruption(before, during, goneName)
+		held := 0
+		for _, p := range before {
+			if p == goneName {
+				held++
+			}
+		}
+		restore(rig.pods)
+		after := rig.homes(t, keys)
+		back, _ := disruption(before, after, "")
+		t.Logf("removed %s (held %d of %d keys): %d moved (%.1f %%), %d of them from other pods; added back: %d keys differ from the start",
+			goneName, held, keys, moved, 100*float64(moved)/keys, others, back)
+		if others != 0 || moved != held {
+			t.Errorf("removing one pod moved %d keys, %d of them not on it (it held %d): want exactly its own", moved, others, held)
+		}
+		if frac := float64(moved) / keys; frac > 1.0/8+0.05 {
+			t.Errorf("removing one pod of 8 moved %.3f of the keys", frac)
+		}
+		if back != 0 {
+			t.Errorf("after adding the pod back %d keys are not on their first pod", back)
+		}
+	}
+	t.Run("static", func(t *testing.T) {
+		rig := newEngineRig(t, "move", 8, quickPods, nil, nil)
+		check(t, rig, func(ps llmsim.Pods) { rig.install(t, ps) }, func(ps llmsim.Pods) { rig.install(t, ps) })
+	})
+	t.Run("pushed", func(t *testing.T) {
+		rig := newEngineRig(t, "movedyn", 8, quickPods, nil, nil)
+		installDynamic(t, rig.n, "movedyn", dynamicLLMConf(t, rig.n, rig.route))
+		c := controlClient(rig.n)
+		serial := int64(0)
+		pushPods := func(ps llmsim.Pods) {
+			var list []peers.Peer
+			for _, p := range ps {
+				list = append(list, peers.Peer{Host: "127.0.0.1", Port: int32(p.Port())})
+			}
+			serial++
+			tb, body := table(t, "movedyn", backendPeers(list...))
+			push(t, c, tb, body, serial)
+		}
+		pushPods(rig.pods)
+		workers := rig.n.WorkerPIDs()
+		check(t, rig, pushPods, pushPods)
+		if now := rig.n.WorkerPIDs(); !slices.Equal(now, workers) {
+			t.Errorf("nginx workers changed (%v → %v): a push must not reload", workers, now)
+		}
+	})
+}
+
+// overloadStats is what a run of concurrent streaming clients measured.
+type overloadStats struct {
+	admitted, refused, failed int
+	rates                     []float64
+	refusal                   []time.Duration
+	tokens                    int
+	window                    time.Duration
+}
+
+// overload runs clients concurrent clients, each looping streamed chat
+// requests of tokens tokens, for warm+measure; only requests that start
+// after warm count. A refused client waits 100 ms before it asks again.
+func (rig *engineRig) overload(t *testing.T, clients, tokens int, warm, measure time.Duration) overloadStats {
+	t.Helper()
+	var mu sync.Mutex
+	var st overloadStats
+	begin := time.Now()
+	from, until := begin.Add(warm), begin.Add(warm+measure)
+	var wg sync.WaitGroup
+	// The pods' decoded tokens within the measured window.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(time.Until(from))
+		rig.pods.Reset()
+		time.Sleep(time.Until(until))
+		for _, s := range rig.pods.Stats() {
+			st.tokens += s.DecodedTokens
+		}
+	}()
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(until); i++ {
+				conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("client %d request %d", c, i), MaxTokens: tokens}
+				t0 := time.Now()
+				res := llmsim.Chat(context.Background(), rig.client, rig.url(), conv.Next("go"), nil)
+				end := time.Now()
+				counted := t0.After(from) && end.Before(until)
+				mu.Lock()
+				switch {
+				case res.Status == http.StatusServiceUnavailable:
+					if counted {
+						st.refused++
+						st.refusal = append(st.refusal, end.Sub(t0))
+					}
+				case res.Err != nil || res.Status != 200:
+					st.failed++
+					if st.failed <= 3 {
+						t.Logf("client %d: %d %v", c, res.Status, res.Err)
+					}
+				case counted:
+					st.admitted++
+					st.rates = append(st.rates, res.DecodeRate)
+				}
+				mu.Unlock()
+				if res.Status == http.StatusServiceUnavailable {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st.window = measure
+	return st
+}
+
+// tpsStatus is GET /<route>/_tps_status.
+type tpsStatus struct {
+	Route        string  `json:"route"`
+	OptIn        bool    `json:"opt_in"`
+	AdaptiveCCOn bool    `json:"adaptive_cc_on"`
+	TPSLimit     float64 `json:"tps_limit_tps"`
+	Peers        []struct {
+		Host          string   `json:"host"`
+		Port          int      `json:"port"`
+		Limit         *float64 `json:"limit"`
+		InFlight      int      `json:"in_flight"`
+		DecodeTPSEWMA *float64 `json:"decode_tps_ewma"`
+		TTFTMsEWMA    *float64 `json:"ttft_ms_ewma"`
+	} `json:"peers"`
+}
+
+func (rig *engineRig) tpsStatus(t *testing.T) tpsStatus {
+	t.Helper()
+	code, body := nginxtest.Get(t, rig.n.URL(RouteName(rig.route))+"_tps_status")
+	var st tpsStatus
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
+		t.Fatalf("_tps_status: %d %q %v", code, body, err)
+	}
+	return st
+}
+
+// TestNginxEngineSLO: a route with spec.slo.decodeTokensPerSecond 30 on
+// 2 pods that can decode 300 tokens/s each (20 streams at 30 tokens/s)
+// under 40 concurrent streaming clients (2× overload): the engine learns a
+// per-pod limit, admitted streams decode at a median ≥ 27 tokens/s, the
+// pods deliver ≥ 80 % of their capacity and the excess is refused at once
+// (503, p99 ≤ 300 ms). With adaptive_cc "false" every stream is admitted
+// and decodes at about half the SLO. _tps_status tells which.
+func TestNginxEngineSLO(t *testing.T) {
+	cfg := llmsim.Config{DecodeTokensPerSecond: 300, BaseTTFT: 10 * time.Millisecond}
+	const clients, tokens = 40, 45
+	warm, measure := 4*time.Second, 8*time.Second
+	for _, tc := range []struct {
+		name     string
+		values   map[string]string
+		adaptive bool
+	}{
+		{"slo", nil, true},
+		{"static", map[string]string{"adaptive_cc": "false"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rig := newEngineRig(t, "slo-"+tc.name, 2, cfg, tc.values, &routespec.SLO{DecodeTokensPerSecond: 30})
+			st := rig.overload(t, clients, tokens, warm, measure)
+			capacity := 2 * cfg.DecodeTokensPerSecond
+			delivered := float64(st.tokens) / measure.Seconds() / capacity
+			median := llmsim.PercentileFloat(st.rates, 0.5)
+			p99 := llmsim.Percentile(st.refusal, 0.99)
+			ts := rig.tpsStatus(t)
+			var limits []float64
+			for _, p := range ts.Peers {
+				if p.Limit != nil {
+					limits = append(limits, *p.Limit)
+				}
+			}
+			t.Logf("%s: %d admitted (decode median %.1f, p10 %.1f tokens/s), %.0f %% of the pods' capacity delivered, %d refused (p99 %v), %d failed; limits %v; opt_in %v adaptive_cc_on %v",
+				tc.name, st.admitted, median, llmsim.PercentileFloat(st.rates, 0.1), 100*delivered, st.refused, p99, st.failed, limits, ts.OptIn, ts.AdaptiveCCOn)
+			if st.failed != 0 {
+				t.Errorf("%d requests failed (neither served nor refused)", st.failed)
+			}
+			if !ts.OptIn || ts.AdaptiveCCOn != tc.adaptive || ts.TPSLimit != 30 || len(ts.Peers) != 2 {
+				t.Errorf("_tps_status: %+v", ts)
+			}
+			if !tc.adaptive {
+				if median >= 27 || st.refused != 0 {
+					t.Errorf("without adaptive concurrency: median %.1f tokens/s, %d refused; want every stream admitted below the SLO", median, st.refused)
+				}
+				return
+			}
+			if median < 27 {
+				t.Errorf("admitted streams decode at a median %.1f tokens/s, want ≥ 27", median)
+			}
+			if st.refused == 0 || p99 > 300*time.Millisecond {
+				t.Errorf("%d refused, p99 %v: want the excess refused within 300 ms", st.refused, p99)
+			}
+			if len(limits) != 2 {
+				t.Errorf("_tps_status shows no limit per peer: %+v", ts.Peers)
+			}
+			for _, p := range ts.Peers {
+				if p.DecodeTPSEWMA == nil || p.TTFTMsEWMA == nil {
+					t.Errorf("_tps_status peer without EWMAs: %+v", p)
+				}
+			}
+			if delivered < 0.8 {
+				t.Errorf("the pods delivered %.0f %% of their capacity, want ≥ 80 %%", 100*delivered)
+			}
+		})
+	}
+}

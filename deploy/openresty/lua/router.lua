@@ -618,6 +618,7 @@ end
 -- first_token records the request's time to first token.
 local function first_token(req, now, t, p)
   req.first, req.mark, req.mark_tokens = now, now, req.tokens
+  req.mark_n = active(req.r, t, p)
   req.next_sample = now + slo.SAMPLE_SECONDS
   local ms = elapsed_ms(req, now)
   req.ttft_ms = ms
@@ -628,10 +629,13 @@ end
 -- peer's adaptive limit.
 local function sample(req, now, t, p)
   local dt = now - req.mark
+  -- The streams the rate was shared by: the peer's requests in flight at
+  -- both ends of the interval, averaged.
+  local n = active(req.r, t, p)
   if dt > 0 then
-    slo.decode(req.r, t, p, (req.tokens - req.mark_tokens) / dt)
+    slo.decode(req.r, t, p, (req.tokens - req.mark_tokens) / dt, (n + req.mark_n) / 2)
   end
-  req.mark, req.mark_tokens = now, req.tokens
+  req.mark, req.mark_tokens, req.mark_n = now, req.tokens, n
   req.next_sample = now + slo.SAMPLE_SECONDS
 end
 
@@ -724,7 +728,14 @@ local function settle_answer(r, req, t, p, v)
     if d then
       metrics.observe(d, "autoconfig_engine_decode_tokens_per_second", rv, rate)
     end
-    if req.last > req.mark and req.tokens > req.mark_tokens then
+    -- The stream's last interval feeds the limit only when it is long
+    -- enough to measure (a short tail of a few tokens is noise); a stream
+    -- too short for an interval sample gives its whole decode rate.
+    if req.mark == req.first then
+      if req.tokens >= 4 then
+        slo.decode(r, t, p, rate, (active(r, t, p) + req.mark_n) / 2)
+      end
+    elseif req.last - req.mark >= slo.SAMPLE_SECONDS / 2 and req.tokens > req.mark_tokens then
       sample(req, req.last, t, p)
     end
   end

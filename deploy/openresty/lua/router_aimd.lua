@@ -21,6 +21,18 @@
 -- for capacity that appeared. Between the two (met, but without headroom,
 -- or the limit not binding) the limit stays.
 --
+-- o.step (default 1) is the additive increase of one step; an engine
+-- that feeds a sample per stream and interval passes 1 / limit, so the
+-- limit grows by about one per interval, whatever the number of streams
+-- (the additive increase of TCP's congestion window: one per round trip).
+--
+-- With o.capacity (an EWMA of rate * streams at each measurement, the
+-- pod's decode capacity in tokens/s), a missed decode target moves the
+-- limit to capacity / target instead (still never below half the limit
+-- in one step): that estimate does not depend on how many streams ran
+-- when the rate was measured, so a rate EWMA that still remembers a busier
+-- moment cannot ratchet the limit down while the streams drain.
+--
 -- The limit is a float; the engine admits a request while
 -- inflight < floor(limit). Measurements are EWMAs (`ewma`), fed by the
 -- engine from each finished request's decode rate and TTFT.
@@ -118,11 +130,25 @@ function M.next_limit(o)
     f = f2
   end
   if f then
-    return clamp(decrease(limit, inflight, f), lo, hi)
+    local v
+    if f1 and o.capacity and o.capacity > 0 then
+      -- The decode target is missed: go to what the pod carries.
+      local sustainable = o.capacity / o.tps_target
+      local cut = limit * MAX_CUT
+      v = sustainable > cut and sustainable or cut
+      if f2 then
+        local w = decrease(limit, inflight, f2)
+        if w < v then v = w end
+      end
+      if v > limit then v = limit end
+    else
+      v = decrease(limit, inflight, f)
+    end
+    return clamp(v, lo, hi)
   end
   local targeted = o.tps_target or o.ttft_target
   if targeted and ok1 and ok2 and inflight >= floor(limit) - 1 then
-    return clamp(limit + 1, lo, hi)
+    return clamp(limit + (o.step or 1), lo, hi)
   end
   return clamp(limit, lo, hi)
 end

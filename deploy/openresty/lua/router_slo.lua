@@ -7,7 +7,8 @@
 -- Each stream's decode rate is measured by the body filter (content
 -- events of the SSE stream, router_sse) every SAMPLE_SECONDS and at its
 -- end, its time to first token once; each peer keeps an EWMA of both in
--- the route's dict ("r|…", "m|…"), and its concurrency limit ("l|…")
+-- the route's dict ("r|…", "m|…"), one of its capacity (rate × its
+-- streams, "c|…"), and its concurrency limit ("l|…")
 -- moves by router_aimd.next_limit between adaptive_cc_min and the tier's
 -- max_concurrency (or adaptive_cc_max, default 256, for a tier without
 -- one). A request that finds every usable peer at its limit is refused at
@@ -75,6 +76,10 @@ local function adapt(r, t, p)
     limit = cur,
     inflight = store:get(pkey("a", t, p)) or 0,
     tps = store:get(pkey("r", t, p)), tps_target = s.tps,
+    capacity = store:get(pkey("c", t, p)),
+    -- Every stream samples once an interval: 1 / limit a sample is about
+    -- one a interval.
+    step = 1 / (cur > 1 and cur or 1),
     ttft = store:get(pkey("m", t, p)), ttft_target = s.ttft,
     min = lo, max = hi,
   })
@@ -83,11 +88,18 @@ local function adapt(r, t, p)
   end
 end
 
--- decode records a decode-rate sample (tokens/s) of a stream on peer p.
-function M.decode(r, t, p, rate)
+-- decode records a decode-rate sample (tokens/s) of a stream on peer p
+-- that shared the peer with n streams (its requests in flight, this one
+-- included) while it was measured.
+function M.decode(r, t, p, rate, n)
   local store = r.store
   local k = pkey("r", t, p)
   store:set(k, aimd.ewma(store:get(k), rate, ALPHA))
+  -- The pod's capacity as this sample shows it: the rate times the
+  -- streams it shares the pod with (router_aimd).
+  if not n or n < 1 then n = 1 end
+  local kc = pkey("c", t, p)
+  store:set(kc, aimd.ewma(store:get(kc), rate * n, ALPHA))
   if r.slo.adaptive then
     adapt(r, t, p)
   end

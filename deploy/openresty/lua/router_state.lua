@@ -14,12 +14,12 @@
 --   e  ejected (with a ttl)       n  ejections
 --   t  tries                      u  unhealthy (failed its probe)
 --   l  adaptive concurrency limit r  decode-rate EWMA (tokens/s)
---   m  TTFT EWMA (ms)
+--   m  TTFT EWMA (ms)                c  decode capacity EWMA (tokens/s)
 -- A tier's requests in flight are counted under "i|<use>" (the bounded
 -- load of affinity reads one key, not every peer's).
 local M = {}
 
-M.STATE_KINDS = { "a", "f", "e", "n", "t", "u", "l", "r", "m" }
+M.STATE_KINDS = { "a", "f", "e", "n", "t", "u", "l", "r", "m", "c" }
 
 local function local_store()
   local data, expiry = {}, {}

@@ -98,3 +98,19 @@ describe("router_aimd.next_limit", function()
     assert.are.equal(10, l)
   end)
 end)
+
+describe("router_aimd.next_limit with a capacity estimate", function()
+  it("does not ratchet the limit down while the streams drain", function()
+    -- The rate EWMA still remembers a busy moment (27 < 30) while only one
+    -- stream runs; the capacity estimate (300 tokens/s) says 10 streams.
+    local l = aimd.next_limit({ limit = 10, inflight = 1, tps = 27, tps_target = 30,
+      capacity = 300, max = 64 })
+    assert.are.equal(10, l)
+  end)
+  it("cuts to capacity / target, at most by half", function()
+    assert.are.equal(10, aimd.next_limit({ limit = 16, inflight = 16, tps = 18.75, tps_target = 30,
+      capacity = 300, max = 64 }))
+    assert.are.equal(20, aimd.next_limit({ limit = 40, inflight = 40, tps = 7.5, tps_target = 30,
+      capacity = 300, max = 64 }))
+  end)
+end)
