@@ -9,9 +9,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/modelsphere/autoconfig/internal/llmsim"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
@@ -152,7 +157,7 @@ func sameSystem(int) string { return "You are a helpful assistant." }
 // pods stay on their pod (≥ 95 % of the turns after the first), keyed by
 // the session header or, without one, by the conversation's first
 // messages in the body; with affinity off (least load, the engine before
-// affinity) about 1 in 8 do.
+// affinity), or a body over the bound the engine reads, far fewer do.
 func TestNginxEngineAffinity(t *testing.T) {
 	cfg := llmsim.Config{DecodeTokensPerSecond: 2000}
 	for _, tc := range []struct {
@@ -164,7 +169,9 @@ func TestNginxEngineAffinity(t *testing.T) {
 	}{
 		{"header", nil, sessionID, 0.95, 1},
 		{"body", nil, nil, 0.95, 1},
-		{"off", map[string]string{"affinity": "off"}, sessionID, 0, 0.5},
+		{"off", map[string]string{"affinity": "off"}, sessionID, 0, 0.8},
+		// A body over affinity_body_max_bytes is not read: no key.
+		{"body-over-bound", map[string]string{"affinity_body_max_bytes": "64"}, nil, 0, 0.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newEngineRig(t, "aff-"+tc.name, 8, cfg, tc.values, nil)
@@ -488,5 +495,307 @@ func TestNginxEngineSLO(t *testing.T) {
 				t.Errorf("the pods delivered %.0f %% of their capacity, want ≥ 80 %%", 100*delivered)
 			}
 		})
+	}
+}
+
+// scrape reads the engine's metrics (the shipped nginx.conf's port 9145)
+// with Prometheus' own text parser: name → the series' label sets and
+// values.
+func scrape(t *testing.T, n *nginxtest.Nginx) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(n.MetricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("GET /metrics: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("the engine's exposition does not parse: %v", err)
+	}
+	return fams
+}
+
+// scrapeCounted scrapes until the route's requests_total adds up to n
+// (the log phase, which counts a request, runs after its last byte went
+// out: a client can be faster) or 5 s passed.
+func scrapeCounted(t *testing.T, n *nginxtest.Nginx, route string, want float64) map[string]*dto.MetricFamily {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fams := scrape(t, n)
+		if sum(fams, "autoconfig_engine_requests_total", map[string]string{"route": route}) >= want || time.Now().After(deadline) {
+			return fams
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sum adds the values of family name's series whose labels include want
+// (counters and gauges; a histogram's sample count).
+func sum(fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	f := fams[name]
+	if f == nil {
+		return 0
+	}
+	total := 0.0
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if have[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			total += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			total += m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			total += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return total
+}
+
+// TestNginxEngineMetrics: the engine's metrics on port 9145 count exactly
+// the requests sent (by status class and peer), their tokens (the pods'
+// usage), TTFT and decode-rate samples of the streamed ones, placements
+// and refusals; the public dispatch port serves no metrics.
+func TestNginxEngineMetrics(t *testing.T) {
+	rig := newEngineRig(t, "met", 2, llmsim.Config{DecodeTokensPerSecond: 3000}, map[string]string{"default_max": "4"}, nil)
+	route := RouteName(rig.route)
+	const streamed, plain, missing = 30, 10, 5
+	prompt, completion := 0, 0
+	for i := 0; i < streamed+plain; i++ {
+		conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("question %d", i), MaxTokens: 6}
+		req := conv.Next("go")
+		req.Stream = i < streamed
+		res := llmsim.Chat(context.Background(), rig.client, rig.url(), req, sessionID(i))
+		if res.Err != nil || res.Status != 200 {
+			t.Fatalf("request %d: %d %v", i, res.Status, res.Err)
+		}
+		prompt += res.PromptTokens
+		completion += res.CompletionTokens
+	}
+	for i := 0; i < missing; i++ {
+		if code, _ := nginxtest.Get(t, rig.n.URL(route)+"v1/no-such-path"); code != 404 {
+			t.Fatalf("a path the pod does not know: %d", code)
+		}
+	}
+	// The pods' own count of decoded tokens is the truth for completion.
+	decoded := 0
+	for _, s := range rig.pods.Stats() {
+		decoded += s.DecodedTokens
+	}
+	fams := scrapeCounted(t, rig.n, route, streamed+plain+missing)
+	r := map[string]string{"route": route}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"autoconfig_engine_requests_total", map[string]string{"route": route, "class": "2xx"}, streamed + plain},
+		{"autoconfig_engine_requests_total", map[string]string{"route": route, "class": "4xx"}, missing},
+		{"autoconfig_engine_completion_tokens_total", r, float64(decoded)},
+		{"autoconfig_engine_prompt_tokens_total", r, float64(prompt)},
+		{"autoconfig_engine_ttft_seconds", r, streamed},
+		{"autoconfig_engine_decode_tokens_per_second", r, streamed},
+		{"autoconfig_engine_affinity_placements_total", r, streamed + plain + missing},
+	}
+	for _, c := range checks {
+		if got := sum(fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if completion != decoded {
+		t.Errorf("the clients saw %d completion tokens, the pods decoded %d", completion, decoded)
+	}
+	perPeer := 0.0
+	for _, p := range rig.pods {
+		perPeer += sum(fams, "autoconfig_engine_requests_total", map[string]string{"route": route, "peer": p.Addr()})
+	}
+	if perPeer != streamed+plain+missing {
+		t.Errorf("requests by peer add up to %v, want %d", perPeer, streamed+plain+missing)
+	}
+	for name, f := range fams {
+		if f.GetHelp() == "" || !strings.HasPrefix(name, "autoconfig_engine_") {
+			t.Errorf("family %s: help %q", name, f.GetHelp())
+		}
+	}
+	// The dispatch port is public: it serves no metrics.
+	if code, body := nginxtest.Get(t, "http://"+rig.n.Addr()+"/metrics"); code == 200 || strings.Contains(body, "autoconfig_engine_") {
+		t.Errorf("the dispatch port answers /metrics: %d", code)
+	}
+
+	// Refusals count exactly: both pods' 4 slots held by slow streams, then
+	// 7 more requests, each refused.
+	slow := &llmsim.Conversation{System: "s", FirstUser: "slow", MaxTokens: 400}
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			llmsim.Chat(ctx, rig.client, rig.url(), slow.Next("x"), sessionID(1000+i))
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sum(scrape(t, rig.n), "autoconfig_engine_peer_in_flight", r) < 8 {
+		if time.Now().After(deadline) {
+			t.Fatal("the 8 slow streams never held every slot")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	refused := 0
+	for i := 0; i < 7; i++ {
+		res := llmsim.Chat(context.Background(), rig.client, rig.url(), slow.Next("y"), sessionID(2000+i))
+		if res.Status == http.StatusServiceUnavailable && res.Header.Get("Retry-After") == "1" {
+			refused++
+		}
+	}
+	cancel()
+	wg.Wait()
+	fams = scrapeCounted(t, rig.n, route, streamed+plain+missing+15)
+	if got := sum(fams, "autoconfig_engine_admission_refusals_total", map[string]string{"route": route, "reason": "max_concurrency"}); refused != 7 || got != 7 {
+		t.Errorf("%d of 7 refused (503, Retry-After: 1); the metric counts %v", refused, got)
+	}
+	if got := sum(fams, "autoconfig_engine_requests_total", map[string]string{"route": route, "class": "5xx", "peer": ""}); got != 7 {
+		t.Errorf("refused requests by class 5xx without a peer: %v, want 7", got)
+	}
+}
+
+// TestNginxEngineCanaryAffinity: a canary route (weight 30) whose stable
+// and canary versions each run 4 simulated pods; 100 sessions of 4 turns
+// by header: the canary chooses the version (no session changes version:
+// the CRC-32 bucket of its key), then affinity keeps the session on one pod
+// of that version's tier (≥ 95 % of later turns); the metrics count the
+// requests by version.
+func TestNginxEngineCanaryAffinity(t *testing.T) {
+	const weight = 30
+	stable, err := llmsim.StartPods(4, quickPods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stable.Close() })
+	canaryPods, err := llmsim.StartPods(4, llmsim.Config{Name: "canary", DecodeTokensPerSecond: 20000, BaseTTFT: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { canaryPods.Close() })
+	eps := func(ps llmsim.Pods) (out []Endpoint) {
+		for _, p := range ps {
+			out = append(out, Endpoint{IP: "127.0.0.1", Port: int32(p.Port()), Ready: true})
+		}
+		return out
+	}
+	rig := &engineRig{
+		n:      nginxtest.Start(t, nginxtest.Options{Reference: true, Workers: 2}),
+		route:  withCanary(llmRoute("canaff", nil, backendTier), weight),
+		client: &http.Client{Timeout: 60 * time.Second},
+	}
+	install(t, rig.n, rig.route, Snapshot{Backends: eps(stable), CanaryBackends: eps(canaryPods)})
+	isCanary := map[string]bool{}
+	for _, p := range canaryPods {
+		isCanary[p.Name()] = true
+	}
+	const sessions, turns = 100, 4
+	flips, later, stayed, wrong := 0, 0, 0, 0
+	served := map[string]int{}
+	for i := 0; i < sessions; i++ {
+		key := "canary-session-" + strconv.Itoa(i)
+		hdr := http.Header{"X-Session-Id": {key}}
+		conv := &llmsim.Conversation{System: "s", FirstUser: key, MaxTokens: 4}
+		var version, pod string
+		for turn := 0; turn < turns; turn++ {
+			res := llmsim.Chat(context.Background(), rig.client, rig.url(), conv.Next("t"), hdr)
+			if res.Err != nil || res.Status != 200 {
+				t.Fatalf("session %d turn %d: %d %v", i, turn, res.Status, res.Err)
+			}
+			conv.Record(res.Text)
+			v := res.Header.Get("X-Model-Version")
+			served[v]++
+			if (v == "canary") != isCanary[res.Pod] || v != expectedVersion(key, weight) {
+				wrong++
+			}
+			if turn > 0 {
+				later++
+				if v != version {
+					flips++
+				}
+				if res.Pod == pod {
+					stayed++
+				}
+			}
+			version, pod = v, res.Pod
+		}
+	}
+	t.Logf("%d sessions × %d turns at weight %d: served %v, %d version flips, %d answers from the wrong version's pods, %.1f %% of later turns on the same pod",
+		sessions, turns, weight, served, flips, wrong, 100*float64(stayed)/float64(later))
+	if flips != 0 || wrong != 0 {
+		t.Errorf("%d version flips, %d answers not from the session's version", flips, wrong)
+	}
+	if float64(stayed) < 0.95*float64(later) {
+		t.Errorf("%d of %d later turns on the same pod, want ≥ 95 %%", stayed, later)
+	}
+	fams := scrapeCounted(t, rig.n, "canaff", sessions*turns)
+	for _, v := range []string{"stable", "canary"} {
+		if got := sum(fams, "autoconfig_engine_requests_total", map[string]string{"route": "canaff", "version": v}); got != float64(served[v]) {
+			t.Errorf("requests_total{version=%q} = %v, want %d", v, got, served[v])
+		}
+	}
+}
+
+// TestNginxEngineAffinityResponses: an OpenAI Responses chain has no
+// session header and a new previous_response_id every turn; the engine
+// maps each answer's id to the key its chain was placed by, so every turn
+// lands on the pod that holds the chain.
+func TestNginxEngineAffinityResponses(t *testing.T) {
+	rig := newEngineRig(t, "resp", 8, quickPods, nil, nil)
+	url := rig.n.URL("resp") + "v1/responses"
+	stayed, later := 0, 0
+	for c := 0; c < 24; c++ {
+		prev, pod := "", ""
+		for turn := 0; turn < 4; turn++ {
+			body := map[string]any{"input": fmt.Sprintf("chain %d turn %d", c, turn), "max_output_tokens": 4}
+			if prev != "" {
+				body["previous_response_id"] = prev
+			}
+			b, _ := json.Marshal(body)
+			resp, err := rig.client.Post(url, "application/json", strings.NewReader(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out struct {
+				ID string `json:"id"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&out)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || out.ID == "" {
+				t.Fatalf("chain %d turn %d: %d %v", c, turn, resp.StatusCode, err)
+			}
+			p := resp.Header.Get("X-Sim-Pod")
+			if turn > 0 {
+				later++
+				if p == pod {
+					stayed++
+				} else {
+					t.Logf("chain %d turn %d: %s after %s (previous %s)", c, turn, p, pod, prev)
+				}
+			}
+			prev, pod = out.ID, p
+		}
+	}
+	t.Logf("Responses chains: %d of %d later turns on the chain's pod", stayed, later)
+	if stayed != later {
+		t.Errorf("%d of %d later turns of a Responses chain stayed on its pod", stayed, later)
 	}
 }

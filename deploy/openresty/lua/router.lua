@@ -611,6 +611,8 @@ end
 -- ---------------------------------------------------------------------
 -- Measuring an llm answer (the body filter) and settling it (log).
 
+local remember
+
 local function elapsed_ms(req, now)
   return (now - req.start) * 1000
 end
@@ -637,6 +639,17 @@ local function sample(req, now, t, p)
   end
   req.mark, req.mark_tokens, req.mark_n = now, req.tokens, n
   req.next_sample = now + slo.SAMPLE_SECONDS
+end
+
+-- remember maps an answer's id (a Responses API "resp_…") to the key
+-- its request was placed by, as soon as the id passes: before the client
+-- has the answer, so its next turn (previous_response_id) finds it.
+remember = function(req)
+  local id = req.parse.id
+  if id and req.key and not req.remembered then
+    req.remembered = true
+    affinity.remember(req.r, id, req.key)
+  end
 end
 
 -- body is the http-level body filter of the shipped nginx.conf: for llm
@@ -679,6 +692,9 @@ function M.body()
     local now = ngx.now()
     if chunk and chunk ~= "" then
       local n = sse.feed(req.parse, chunk)
+      if not req.remembered and req.parse.id then
+        remember(req)
+      end
       if n > 0 then
         req.tokens = req.tokens + n
         req.last = now
@@ -694,10 +710,22 @@ function M.body()
   -- A JSON answer arrives whole after the generation: it has usage, no
   -- first-token time.
   if chunk and chunk ~= "" then
+    if not req.seen_json then
+      -- An OpenAI answer object starts with its id: take it from the
+      -- first bytes, before the client has the whole answer (the end of
+      -- the body filter can run after the client read the last byte).
+      req.seen_json = true
+      local id = string.match(string.sub(chunk, 1, 512), '^%s*{%s*"id"%s*:%s*"([^"\\]+)"')
+      if id then
+        req.parse.id = id
+        remember(req)
+      end
+    end
     sse.feed_json(req.parse, chunk)
   end
   if eof then
     sse.finish_json(req.parse)
+    remember(req)
   end
 end
 
@@ -738,9 +766,6 @@ local function settle_answer(r, req, t, p, v)
     elseif req.last - req.mark >= slo.SAMPLE_SECONDS / 2 and req.tokens > req.mark_tokens then
       sample(req, req.last, t, p)
     end
-  end
-  if st.id and req.key then
-    affinity.remember(r, st.id, req.key)
   end
 end
 
