@@ -190,9 +190,11 @@ func MetricsRead(root string) ([]string, error) {
 }
 
 // MetricOwner is the binary that serves a metric: "reload", "hagate" or
-// "readyz" by prefix, else the controller ("autoconfig").
+// "readyz" by prefix, "engine" for the lua routing engine's
+// (autoconfig_engine_*, served by nginx), else the controller
+// ("autoconfig").
 func MetricOwner(name string) string {
-	for _, b := range []string{"reload", "hagate", "readyz"} {
+	for _, b := range []string{"reload", "hagate", "readyz", "engine"} {
 		if strings.HasPrefix(name, "autoconfig_"+b+"_") {
 			return b
 		}

@@ -51,7 +51,31 @@ func metricNames(t *testing.T) map[string]bool {
 		register(reg)
 		describe(reg)
 	}
+	for _, n := range engineFamilies(t) {
+		names[n] = true
+	}
 	return names
+}
+
+// engineFamily is a family declared in router_metrics.lua's M.families
+// (`name = "autoconfig_engine_…"`).
+var engineFamily = regexp.MustCompile(`(?m)^\s*\{\s*name\s*=\s*"(autoconfig_engine_[a-z0-9_]+)"`)
+
+// engineFamilies are the metric families the lua routing engine serves
+// (deploy/openresty/lua/router_metrics.lua, M.families): nginx serves
+// them, no Go binary, so they are read from the module's source.
+func engineFamilies(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(root, "deploy", "openresty", "lua", "router_metrics.lua"))
+	must(t, err)
+	var out []string
+	for _, m := range engineFamily.FindAllStringSubmatch(string(src), -1) {
+		out = append(out, m[1])
+	}
+	if len(out) < 10 {
+		t.Fatalf("router_metrics.lua declares only %v (want every M.families entry as `{ name = \"autoconfig_engine_…\"`)", out)
+	}
+	return out
 }
 
 // TestAlertsAndDashboardUseRealMetrics: the chart's PrometheusRule and
