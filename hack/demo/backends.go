@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -68,13 +69,21 @@ func (d *demo) videoRound(ctx context.Context, n int) (served []string, failed i
 // llmPath is what the llm requests ask for, under the route's prefix.
 const llmPath = "v1/chat/completions"
 
+// llmRequests numbers llmRound's requests, so that each has its own prompt.
+var llmRequests atomic.Int64
+
 // llmRound sends n chat completions through nginx's dispatch port to the
 // llm route (/qwen/v1/chat/completions, dispatched to the route's server,
 // where the reference lua engine picks the peer) and returns which
-// backends answered, sorted, and how many requests failed.
+// backends answered, sorted, and how many requests failed. Each request
+// is a conversation of its own (a prompt never sent before): the engine
+// keeps a conversation on one pod (session affinity, keyed by its first
+// messages), and these rounds show which pods serve the route, not
+// placement.
 func (d *demo) llmRound(ctx context.Context, n int) (served []string, failed int) {
 	return d.round(ctx, n, 20*time.Millisecond, func() *http.Request {
-		body := `{"model":"` + llmModel + `","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+		prompt := "request " + strconv.FormatInt(llmRequests.Add(1), 10)
+		body := `{"model":"` + llmModel + `","messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":8}`
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.nginx.URL(llmRoute)+llmPath, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		return req

@@ -70,6 +70,9 @@ func TestDemo(t *testing.T) {
 		"with qwen-2 refusing → llm requests served by qwen-1, qwen-3, qwen-4, 0 client failures",
 		"llm requests served by qwen-1 (",
 		"0 sessions changed version; 0 requests failed",
+		"of later turns on their pod; TTFT p50 turn 1 ",
+		"admitted streams decode at a median ",
+		"route chat deleted: its keys left",
 		"done: every scene converged",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -91,6 +94,30 @@ func TestDemo(t *testing.T) {
 		t.Errorf("the canary scene sent no sessions")
 	} else if n, _ := strconv.Atoi(m[1]); n < canarySessions*canaryWeight/100/2 || n > canarySessions*canaryWeight/100*2 {
 		t.Errorf("%d of %d sessions on the canary at weight %d", n, canarySessions, canaryWeight)
+	}
+
+	// The llm engine scene: later turns stay on their session's pod and
+	// are cheaper than the cold first turn; under the burst the admitted
+	// streams keep about the SLO and the excess is refused.
+	if m := regexp.MustCompile(`: (\d+) % of later turns on their pod; TTFT p50 turn 1 (\d+) ms, later turns (\d+) ms`).FindStringSubmatch(out.String()); m == nil {
+		t.Errorf("the engine scene printed no session line")
+	} else {
+		share, _ := strconv.Atoi(m[1])
+		cold, _ := strconv.Atoi(m[2])
+		warm, _ := strconv.Atoi(m[3])
+		if share < 90 || warm >= cold {
+			t.Errorf("sessions: %d %% of later turns on their pod, TTFT p50 cold %d ms, warm %d ms; want ≥ 90 %% and warm below cold", share, cold, warm)
+		}
+	}
+	if m := regexp.MustCompile(`admitted streams decode at a median ([\d.]+) tokens/s \(SLO (\d+)\); ([\d,]+) refused`).FindStringSubmatch(out.String()); m == nil {
+		t.Errorf("the engine scene printed no burst line")
+	} else {
+		median, _ := strconv.ParseFloat(m[1], 64)
+		slo, _ := strconv.ParseFloat(m[2], 64)
+		refused, _ := strconv.Atoi(strings.ReplaceAll(m[3], ",", ""))
+		if median < 0.85*slo || refused == 0 {
+			t.Errorf("burst: admitted streams' median %.1f tokens/s (SLO %.0f), %d refused; want ≥ 85 %% of the SLO and the excess refused", median, slo, refused)
+		}
 	}
 }
 

@@ -2,11 +2,15 @@
 // cluster: a real kube-apiserver + etcd (the envtest binaries), the real
 // `autoconfig controller` binary, the sample routes from deploy/samples,
 // backends that scale out and in, and — where nginx with the lua module is
-// installed — a real nginx data plane fed by the real `reload` sidecar
-// binary, with requests through the video route reaching the new backends
-// and requests through the llm route (the reference lua router of
+// installed — a real nginx data plane (the shipped
+// deploy/openresty/nginx.conf) fed by the real `reload` sidecar binary,
+// with requests through the video route reaching the new backends and
+// requests through the llm route (the reference lua engine of
 // deploy/openresty/lua) following scale-out and failing over when one
-// backend refuses connections.
+// backend refuses connections. A last llm route runs on simulated vLLM
+// pods (internal/llmsim): multi-turn sessions stay on the pod that caches
+// them, and with a decode SLO a burst of twice what the pods carry is
+// admitted at the SLO's rate and the excess refused at once.
 //
 //	make demo            # or: go run ./hack/demo [-pause 2s] [-nginx auto|on|off]
 //

@@ -44,6 +44,8 @@ type demo struct {
 	ctrlHealth, ctrlMetrics string
 	// reloadMetrics is the reload sidecar's metrics address.
 	reloadMetrics string
+	// noNginx says why the nginx data plane is off ("" when it is on).
+	noNginx string
 }
 
 // Names of what the demo creates (the sample routes' references).
@@ -130,6 +132,7 @@ func run(ctx context.Context, out io.Writer, o options) (err error) {
 		}
 		sockDir = d.nginx.SockDir()
 	} else {
+		d.noNginx = why
 		d.say("no nginx data plane: %s", why)
 	}
 
@@ -223,17 +226,22 @@ func (d *demo) startNginx(ctx context.Context) error {
 	routes := filepath.Join(d.tmp, "routes")
 	n, err := nginxtest.Launch(nginxtest.Options{
 		RoutesDir: routes,
-		// The reference lua engine (deploy/openresty/lua/router.lua) is
-		// the `router` module the llm route file calls: tiers,
-		// least connections, retry on connect failure, ejection, probes.
-		LuaPackagePath: filepath.Join(d.root, "deploy", "openresty", "lua", "?.lua"),
+		// The shipped deploy/openresty/nginx.conf (paths moved to a
+		// private prefix) with the reference lua engine
+		// (deploy/openresty/lua/router*.lua), the `router` module the llm
+		// route files call: tiers, session affinity, decode-SLO
+		// admission (its http-level body filter measures the streams),
+		// retry on connect failure, ejection, probes. Two workers, so
+		// the engine's state shared between them is in play.
+		Reference: true,
+		Workers:   2,
 	})
 	if err != nil {
 		return err
 	}
 	d.nginx = n
 	d.procs = append(d.procs, &proc{name: "nginx", stop: n.Close})
-	d.say("nginx dispatch on %s, routes from %s, lua router from deploy/openresty/lua", n.Addr(), routes)
+	d.say("nginx (deploy/openresty/nginx.conf, 2 workers) dispatch on %s, routes from %s, lua engine from deploy/openresty/lua", n.Addr(), routes)
 	mp, err := nginxtest.FreePort()
 	if err != nil {
 		return err

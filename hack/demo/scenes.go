@@ -68,6 +68,10 @@ func (d *demo) scenes(ctx context.Context) error {
 		return err
 	}
 	d.pause(ctx)
+	if err := d.engine(ctx); err != nil {
+		return err
+	}
+	d.pause(ctx)
 	if c := d.o.Converged; c != nil {
 		urls := map[string]string{"autoconfig": "http://" + d.ctrlMetrics + "/metrics"}
 		if d.reloadMetrics != "" {
