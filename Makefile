@@ -19,7 +19,7 @@ BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-
 IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test lua-test fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
+.PHONY: all build test lua-test bench-engine fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -71,6 +71,14 @@ race:
 # serving it (p50/p99; docs/controller.md "Applied"). Part of make test.
 bench-applied:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkEndpointChangeToServed -benchtime 20x ./cmd/reload
+
+# The llm engine's benchmark (docs/performance.md, "The llm engine"), not
+# part of make test (about 4 minutes): multi-turn sessions with affinity on
+# and off over 8 simulated pods, a 2x overload with and without the decode
+# SLO, the engine's cost per request against a plain proxy_pass and on a
+# 10,000-peer tier. Flags in BENCH_ENGINE_FLAGS (go run ./hack/benchengine -h).
+bench-engine: deps
+	$(GO) run ./hack/benchengine $(BENCH_ENGINE_FLAGS)
 
 # The cluster testscripts three times in each order, in parallel: every
 # script owns its API server, and the harness fails a script whose cluster

@@ -713,6 +713,19 @@ func TestNginxDynamicRefusals(t *testing.T) {
 			m["tiers"].([]any)[0].(map[string]any)["peers"].([]any)[0].(map[string]any)["port"] = p
 		})
 	}
+	host := func(h string) []byte {
+		return edit(func(m map[string]any) {
+			m["tiers"].([]any)[0].(map[string]any)["peers"].([]any)[0].(map[string]any)["host"] = h
+		})
+	}
+	split := func(k, v string) []byte {
+		return edit(func(m map[string]any) {
+			m["format"] = 2
+			c := map[string]any{"weight": 10, "tiers": []any{}}
+			c[k] = v
+			m["canary"] = c
+		})
+	}
 	for _, tc := range []struct {
 		name   string
 		body   []byte
@@ -720,6 +733,21 @@ func TestNginxDynamicRefusals(t *testing.T) {
 		hdr    map[string]string
 		want   int
 	}{
+		// Hosts the balancer cannot dial (it takes IP literals only):
+		// refused, not accepted and then failed at every request.
+		{"host a name", host("example.com"), 4, nil, 400},
+		{"host with a port", host("127.0.0.1:18001"), 4, nil, 400},
+		{"host with a space", host("127.0.0.1 "), 4, nil, 400},
+		{"host in brackets", host("[::1]"), 4, nil, 400},
+		{"host with an IPv6 zone", host("fe80::1%lo"), 4, nil, 400},
+		{"host an octet too large", host("10.0.0.256"), 4, nil, 400},
+		// A split the engine would not apply as written.
+		{"sticky_cookie not a token", split("sticky_cookie", "a=b; Domain=evil"), 4, nil, 400},
+		{"sticky_header not a header name", split("sticky_header", "x session"), 4, nil, 400},
+		{"override_header empty", split("override_header", ""), 4, nil, 400},
+		// Judged on its digits: 2^53 + 1 would read as 2^53.
+		{"serial above 2^53", goodBody, 4, map[string]string{peers.SerialHeader: "9007199254740993"}, 400},
+		{"serial of 17 digits", goodBody, 4, map[string]string{peers.SerialHeader: "10000000000000000"}, 400},
 		{"malformed JSON", []byte(`{"format":1,"route":"small",`), 4, nil, 400},
 		{"not an object", []byte(`[1,2]`), 4, nil, 400},
 		{"unknown format", edit(func(m map[string]any) { m["format"] = 2 }), 4, nil, 400},
@@ -778,6 +806,15 @@ func TestNginxDynamicRefusals(t *testing.T) {
 	// A push with a lower serial than the refused one is fine: a refusal
 	// stores nothing.
 	push(t, c, good, goodBody, 4)
+
+	// The greatest serial, 2^53, is taken; a lower one is then refused
+	// (the ordering guard holds at the top of the range).
+	if code, ans, raw := control(t, c, "PUT", "/peers/small", goodBody, 9007199254740992, nil); code != 200 || ans.Serial != 9007199254740992 {
+		t.Errorf("serial 2^53: %d %s, want 200", code, raw)
+	}
+	if code, _, raw := control(t, c, "PUT", "/peers/small", goodBody, 9007199254740991, nil); code != 409 {
+		t.Errorf("serial 2^53 - 1 after 2^53: %d %s, want 409", code, raw)
+	}
 
 	// The dispatch server cannot reach the control socket.
 	for _, path := range []string{"/autoconfig@control/peers", "/autoconfig%40control/peers", "/autoconfig@control/peers/small"} {

@@ -570,12 +570,14 @@ next:
 // usage), TTFT and decode-rate samples of the streamed ones, placements
 // and refusals; the public dispatch port serves no metrics.
 func TestNginxEngineMetrics(t *testing.T) {
-	rig := newEngineRig(t, "met", 2, llmsim.Config{DecodeTokensPerSecond: 3000}, map[string]string{"default_max": "4"}, nil)
+	rig := newEngineRig(t, "met", 2, llmsim.Config{DecodeTokensPerSecond: 300}, map[string]string{"default_max": "4"}, nil)
 	route := RouteName(rig.route)
 	const streamed, plain, missing = 30, 10, 5
 	prompt, completion := 0, 0
 	for i := 0; i < streamed+plain; i++ {
-		conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("question %d", i), MaxTokens: 6}
+		// 12 tokens at 300 tokens/s: the tokens of a stream reach nginx in
+		// several reads, so each stream has a decode rate.
+		conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("question %d", i), MaxTokens: 12}
 		req := conv.Next("go")
 		req.Stream = i < streamed
 		res := llmsim.Chat(context.Background(), rig.client, rig.url(), req, sessionID(i))

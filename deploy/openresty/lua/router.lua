@@ -231,6 +231,33 @@ local function count_request(r, v, peer, status)
   end
 end
 
+-- A state write the route's dict had no room for (router_state): counted,
+-- and logged once per route and worker.
+local full_logged = {}
+state.on_failure = function(r, key, err)
+  local d = metrics_dict()
+  if d then
+    metrics.inc(d, "autoconfig_engine_state_write_failures_total", lv(r, nil).rv, 1)
+  end
+  if not full_logged[r.name] then
+    full_logged[r.name] = true
+    ngx.log(ngx.WARN, "route ", r.name, ": its lua_shared_dict has no room for peer state (", tostring(key), ": ",
+      tostring(err), "); requests are served, the state is not kept (raise shared_dict_size)")
+  end
+  -- Make room once in a while (not in the request: a timer), deleting
+  -- the state that only informs or is learnt again.
+  local now = ngx.now()
+  if err == "no memory" and r.shared and (r.room_at or 0) <= now then
+    r.room_at = now + 5
+    ngx.timer.at(0, function(premature, dict, name)
+      if not premature then
+        local n = state.make_room(dict)
+        ngx.log(ngx.INFO, "route ", name, ": dict full, deleted ", n, " keys of disposable state")
+      end
+    end, r.store, r.name)
+  end
+end
+
 -- ---------------------------------------------------------------------
 -- Failures and slots.
 
@@ -244,9 +271,9 @@ local function connect_failed(r, t, p)
   end
   local fails
   if r.video then
-    fails = r.store:incr(pkey("f", t, p), 1, 0, r.eject_secs)
+    fails = state.incr(r, pkey("f", t, p), 1, r.eject_secs)
   else
-    fails = r.store:incr(pkey("f", t, p), 1, 0)
+    fails = state.incr(r, pkey("f", t, p), 1)
   end
   if not fails or fails < r.eject_after then
     return
@@ -262,11 +289,11 @@ local function connect_failed(r, t, p)
   end
   -- add, not set: two workers can both count past eject_after at once;
   -- only the one whose add succeeds ejects (and counts the ejection).
-  if not r.store:add(pkey("e", t, p), true, r.eject_secs) then
+  if not state.add(r, pkey("e", t, p), true, r.eject_secs) then
     return
   end
-  r.store:incr(pkey("n", t, p), 1, 0)
-  r.store:set(pkey("f", t, p), 0)
+  state.incr(r, pkey("n", t, p), 1)
+  state.set(r, pkey("f", t, p), 0)
   local d = metrics_dict()
   if d then
     metrics.inc(d, "autoconfig_engine_ejections_total", metrics.labels("route", r.name, "peer", addr(t, p)), 1)
@@ -284,8 +311,8 @@ local function release(r, x)
     return
   end
   local k = pkey("a", x.t, x.p)
-  local v = r.store:incr(k, -1, 1)
-  r.store:incr(tkey(x.t), -1, 1)
+  local v = state.decr(r, k)
+  state.decr(r, tkey(x.t))
   if r.dynamic and v ~= nil and v <= 0 and not r.members[x.key] then
     r.store:delete(k)
   end
@@ -498,8 +525,8 @@ function M.access(route)
     -- next request's pick (in any worker) already counts it, so a burst
     -- cannot overshoot a limit or the bounded load between the two phases.
     local store = r.store
-    store:incr(pkey("a", t, p), 1, 0)
-    store:incr(tkey(t), 1, 0)
+    state.incr(r, pkey("a", t, p), 1)
+    state.incr(r, tkey(t), 1)
     ctx.autoconfig_plan = { t = t, p = p, version = r.version, held = true }
     req.place = place or "keyless"
   end
@@ -597,10 +624,10 @@ function M.balance(route)
   local counted = not r.video or r.log_seen == true
   tries[#tries + 1] = { t = t, p = p, key = ident(t, p), counted = counted }
   if counted and not held then
-    r.store:incr(pkey("a", t, p), 1, 0)
-    r.store:incr(tkey(t), 1, 0)
+    state.incr(r, pkey("a", t, p), 1)
+    state.incr(r, tkey(t), 1)
   end
-  r.store:incr(pkey("t", t, p), 1, 0)
+  state.incr(r, pkey("t", t, p), 1)
   local ok, err = balancer.set_current_peer(bracketed(p.host), p.port)
   if not ok then
     ngx.log(ngx.ERR, "set_current_peer: ", err)
@@ -781,10 +808,10 @@ function M.log(route)
   local ctx = ngx.ctx
   local v = ctx.autoconfig_version
   if r and v then
-    r.store:incr(K_SERVED[v], 1, 0)
+    state.incr(r, K_SERVED[v], 1)
     local fell = ctx.autoconfig_fell
     if fell then
-      r.store:incr(K_FELL[fell], 1, 0)
+      state.incr(r, K_FELL[fell], 1)
       local d = metrics_dict()
       if d then
         metrics.inc(d, "autoconfig_engine_canary_fallthrough_total", lv(r, fell).rv, 1)
@@ -824,7 +851,7 @@ function M.log(route)
   if connect == "-" or connect == nil then
     connect_failed(r, t, p)
   else
-    r.store:set(pkey("f", t, p), 0)
+    state.set(r, pkey("f", t, p), 0)
   end
 end
 

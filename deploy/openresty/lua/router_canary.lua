@@ -98,7 +98,7 @@ function M.choose(r, c)
     return bucket < c.band and "canary" or "stable", false
   end
   local w = c.weight
-  local n = r.store:incr(M.K_DRAWS, 1, 0)
+  local n = state.incr(r, M.K_DRAWS, 1)
   if not n then
     return math.random() * 100 < w and "canary" or "stable", true
   end

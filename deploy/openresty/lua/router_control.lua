@@ -13,6 +13,7 @@ local split_counts = canary.split_counts
 
 -- The greatest serial: lua numbers hold integers exactly up to 2^53.
 local MAX_SERIAL = 9007199254740992
+local MAX_SERIAL_DIGITS = "9007199254740992"
 
 local M = {}
 
@@ -187,8 +188,16 @@ local function put_peers(route)
     return control_error(404, "no lua_shared_dict named " .. route .. " (route not in this configuration yet)")
   end
   local sh = ngx.var.http_x_autoconfig_serial
-  local serial = type(sh) == "string" and string.match(sh, "^%d+$") and tonumber(sh)
-  if not serial or serial > MAX_SERIAL then
+  -- Judged on its digits: tonumber rounds above 2^53 (9007199254740993
+  -- reads as 2^53), so a check after it would pass a serial no later push
+  -- could follow.
+  local digits = type(sh) == "string" and string.match(sh, "^0*(%d+)$")
+  if digits and #digits > 1 and string.sub(digits, 1, 1) == "0" then digits = nil end
+  local serial
+  if digits and (#digits < #MAX_SERIAL_DIGITS or (#digits == #MAX_SERIAL_DIGITS and digits <= MAX_SERIAL_DIGITS)) then
+    serial = tonumber(digits)
+  end
+  if not serial then
     return control_error(400, "X-Autoconfig-Serial must be a whole number from 0 to 2^53")
   end
   local body = read_body()
@@ -199,14 +208,26 @@ local function put_peers(route)
   if not t then
     return control_error(400, err)
   end
+  -- The ordering guard answers before anything needs room in the dict
+  -- (and again under the lock, against a push in between).
+  local held = tonumber(dict:get(K_SERIAL))
+  if held and serial < held then
+    return control_answer(409, { error = "serial " .. sh .. " is lower than the stored serial", serial = held,
+      version = dict:get(K_VERSION) })
+  end
   local ok, lerr = lock(dict)
+  if not ok and lerr == "no memory" then
+    -- Peer state filled the dict: the table comes first.
+    state.make_room(dict)
+    ok, lerr = lock(dict)
+  end
   if not ok then
     if lerr == "no memory" then
       return control_error(507, "dict " .. route .. " is full")
     end
     return control_error(503, "another push holds the lock: " .. tostring(lerr))
   end
-  local held = tonumber(dict:get(K_SERIAL))
+  held = tonumber(dict:get(K_SERIAL))
   if held and serial < held then
     dict:delete(K_LOCK)
     return control_answer(409, { error = "serial " .. sh .. " is lower than the stored serial", serial = held,
@@ -214,6 +235,9 @@ local function put_peers(route)
   end
   local old_text = dict:get(K_TABLE)
   local sok, serr = store_table(dict, body, t.version, serial, old_text)
+  if not sok and serr == "no memory" and state.make_room(dict) > 0 then
+    sok, serr = store_table(dict, body, t.version, serial, old_text)
+  end
   if not sok then
     dict:delete(K_LOCK)
     ngx.log(ngx.ERR, "control: route ", route, ": table version ", t.version, " (", #body,

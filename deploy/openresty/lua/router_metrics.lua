@@ -54,6 +54,8 @@ M.families = {
     help = "Peer ejections after consecutive connection failures, by route and peer." },
   { name = "autoconfig_engine_canary_fallthrough_total", type = "counter",
     help = "Requests whose version had no live peer and fell through to the other version, by route and the version left." },
+  { name = "autoconfig_engine_state_write_failures_total", type = "counter",
+    help = "Writes of peer or request state the route's dict had no room for (the request is still served; the dict never evicts the peers table for state), by route." },
   -- histograms
   { name = "autoconfig_engine_ttft_seconds", type = "histogram", buckets = ttft_buckets,
     help = "Time to first token (first response byte) in seconds, by route and version." },

@@ -47,11 +47,11 @@ function M.run(premature, route)
       for _, p in ipairs(t.peers) do
         local ok, healthy = pcall(probe_one, p.host, p.port, t.probe_path)
         if ok and healthy then
-          r.store:set(pkey("u", t, p), nil)
+          state.set(r, pkey("u", t, p), nil)
         else
           -- Kept a little longer than one interval, so a worker whose timer
           -- stopped does not pin a peer out forever.
-          r.store:set(pkey("u", t, p), true, r.probe_every * 3)
+          state.set(r, pkey("u", t, p), true, r.probe_every * 3)
         end
       end
     end

@@ -84,7 +84,7 @@ local function adapt(r, t, p)
     min = lo, max = hi,
   })
   if nl ~= cur then
-    store:set(pkey("l", t, p), nl)
+    state.set(r, pkey("l", t, p), nl)
   end
 end
 
@@ -94,12 +94,12 @@ end
 function M.decode(r, t, p, rate, n)
   local store = r.store
   local k = pkey("r", t, p)
-  store:set(k, aimd.ewma(store:get(k), rate, ALPHA))
+  state.set(r, k, aimd.ewma(store:get(k), rate, ALPHA))
   -- The pod's capacity as this sample shows it: the rate times the
   -- streams it shares the pod with (router_aimd).
   if not n or n < 1 then n = 1 end
   local kc = pkey("c", t, p)
-  store:set(kc, aimd.ewma(store:get(kc), rate * n, ALPHA))
+  state.set(r, kc, aimd.ewma(store:get(kc), rate * n, ALPHA))
   if r.slo.adaptive then
     adapt(r, t, p)
   end
@@ -109,7 +109,7 @@ end
 function M.ttft(r, t, p, ms)
   local store = r.store
   local k = pkey("m", t, p)
-  store:set(k, aimd.ewma(store:get(k), ms, ALPHA))
+  state.set(r, k, aimd.ewma(store:get(k), ms, ALPHA))
   if r.slo.adaptive and r.slo.ttft then
     adapt(r, t, p)
   end

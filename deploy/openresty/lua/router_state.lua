@@ -50,8 +50,11 @@ local function local_store()
   function s:incr(k, d, init, init_ttl)
     local cur = self:get(k)
     if cur == nil then
-      self:set(k, (init or 0) + d, init_ttl)
-      return (init or 0) + d
+      if init == nil then
+        return nil, "not found"
+      end
+      self:set(k, init + d, init_ttl)
+      return init + d
     end
     data[k] = cur + d
     return data[k]
@@ -153,6 +156,83 @@ end
 -- tkey: the store key of tier t's requests in flight.
 function M.tkey(t)
   return "i|" .. t.use
+end
+
+-- Writes of peer and request state never evict: the route's dict also
+-- holds the peers table, its version and serial, which a rarely read key
+-- would lose first to an LRU eviction. A write the dict has no room for
+-- fails instead (the request is still served) and is counted by
+-- M.on_failure (router.lua sets it: a metric).
+M.on_failure = function() end
+
+-- Kinds of state that may go when the dict is full: what only informs
+-- (tries, ejection counts), what is learnt again (the EWMAs) and the
+-- Responses chains ("x|"). Requests in flight, failures, ejections,
+-- health and the adaptive limits stay.
+local DISPOSABLE = { t = true, n = true, r = true, m = true, c = true, x = true }
+
+-- make_room deletes the disposable state of dict (at most max keys
+-- looked at; 0 = all) and returns how many keys it deleted.
+function M.make_room(dict, max)
+  local n = 0
+  for _, k in ipairs(dict:get_keys(max or 0)) do
+    local kind = string.match(k, "^(%a)|")
+    if kind and DISPOSABLE[kind] then
+      dict:delete(k)
+      n = n + 1
+    end
+  end
+  return n
+end
+
+-- incr adds d to key k of route r's store (creating it at d, with ttl),
+-- and returns the new value, or nil when the dict is full.
+function M.incr(r, k, d, ttl)
+  local store = r.store
+  local v, err = store:incr(k, d)
+  if v then
+    return v
+  end
+  if err == "not found" then
+    local ok, aerr = store:safe_add(k, d, ttl or 0)
+    if ok then
+      return d
+    end
+    if aerr == "exists" then
+      return store:incr(k, d)
+    end
+    err = aerr
+  end
+  M.on_failure(r, k, err)
+  return nil
+end
+
+-- decr takes one from an existing count (never creates it).
+function M.decr(r, k)
+  return (r.store:incr(k, -1))
+end
+
+-- set writes key k (nil deletes it) without evicting; false when full.
+function M.set(r, k, v, ttl)
+  if v == nil then
+    r.store:delete(k)
+    return true
+  end
+  local ok, err = r.store:safe_set(k, v, ttl or 0)
+  if not ok then
+    M.on_failure(r, k, err)
+  end
+  return ok
+end
+
+-- add writes key k only when it is absent, without evicting: true when
+-- it wrote it.
+function M.add(r, k, v, ttl)
+  local ok, err = r.store:safe_add(k, v, ttl or 0)
+  if not ok and err ~= "exists" then
+    M.on_failure(r, k, err)
+  end
+  return ok
 end
 
 local pkey = M.pkey

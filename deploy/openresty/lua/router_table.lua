@@ -33,6 +33,85 @@ end
 
 -- check_tiers validates a decoded tiers array; nil when it is sound,
 -- else the reason (where names it).
+-- Hosts: the engine dials a peer with ngx.balancer.set_current_peer,
+-- which takes an IP literal only (no name, no port, no space, no IPv6
+-- zone or brackets): a table naming any other host would be accepted and
+-- then fail every request sent to that peer, so it is refused.
+
+-- is_ipv4: a dotted quad of decimal octets 0-255 without leading zeros.
+local function is_ipv4(h)
+  local a, b, c, d = string.match(h, "^(%d%d?%d?)%.(%d%d?%d?)%.(%d%d?%d?)%.(%d%d?%d?)$")
+  if not a then
+    return false
+  end
+  for _, o in ipairs({ a, b, c, d }) do
+    if (#o > 1 and string.sub(o, 1, 1) == "0") or tonumber(o) > 255 then
+      return false
+    end
+  end
+  return true
+end
+
+-- v6_groups: the 16-bit groups of a part of an IPv6 address between
+-- "::" (a dotted quad may end the address: two groups), nil when it is
+-- not one.
+local function v6_groups(part, may_end_v4)
+  if part == "" then
+    return 0
+  end
+  local n, from = 0, 1
+  while true do
+    local colon = string.find(part, ":", from, true)
+    local g = string.sub(part, from, colon and colon - 1 or #part)
+    if not colon and may_end_v4 and string.find(g, ".", 1, true) then
+      if not is_ipv4(g) then return nil end
+      n = n + 2
+    elseif string.match(g, "^%x%x?%x?%x?$") then
+      n = n + 1
+    else
+      return nil
+    end
+    if not colon then
+      return n
+    end
+    from = colon + 1
+  end
+end
+
+-- is_ipv6: an IPv6 address as the contract writes it (bare: no brackets,
+-- no zone).
+local function is_ipv6(h)
+  if #h < 2 or #h > 45 or not string.find(h, ":", 1, true) or not string.match(h, "^[%x:%.]+$") then
+    return false
+  end
+  local dbl = string.find(h, "::", 1, true)
+  if not dbl then
+    return v6_groups(h, true) == 8
+  end
+  if string.find(h, "::", dbl + 1, true) then
+    return false
+  end
+  local head = v6_groups(string.sub(h, 1, dbl - 1), false)
+  local tail = v6_groups(string.sub(h, dbl + 2), true)
+  return head ~= nil and tail ~= nil and head + tail <= 7
+end
+
+-- is_ip: a host the balancer can dial.
+function M.is_ip(h)
+  return type(h) == "string" and (is_ipv4(h) or is_ipv6(h))
+end
+
+-- Header names as the engine reads them (nginx's $http_<name>), and
+-- cookie names as RFC 6265 tokens: a pushed split must be one the engine
+-- applies as written, never silently replaced by a default.
+local function is_header_name(v)
+  return type(v) == "string" and #v >= 1 and #v <= 64 and string.match(v, "^[%w%-]+$") ~= nil
+end
+
+local function is_cookie_name(v)
+  return type(v) == "string" and #v >= 1 and #v <= 64 and string.match(v, "^[%w!#$%%&'*+%-.^_`|~]+$") ~= nil
+end
+
 local function check_tiers(tiers, where0)
   if not M.is_array(tiers) then return where0 .. " is not an array" end
   for i, tr in ipairs(tiers) do
@@ -49,6 +128,9 @@ local function check_tiers(tiers, where0)
       local pw = where .. ".peers[" .. (j - 1) .. "]"
       if type(p) ~= "table" then return pw .. " is not an object" end
       if type(p.host) ~= "string" or p.host == "" then return pw .. ".host is not a string" end
+      if not M.is_ip(p.host) then
+        return pw .. ".host " .. cjson.encode(p.host) .. " is not an IP address (IPv4 dotted quad, or IPv6 without brackets or zone): the balancer dials IP literals only"
+      end
       local port = p.port
       if type(port) ~= "number" or port ~= math.floor(port) or port < 1 or port > 65535 then
         return pw .. ".port is not a port (1-65535)"
@@ -78,8 +160,13 @@ local function check_table(t, route)
   if type(c) ~= "table" then return "format 2 without a canary object" end
   local w = c.weight
   if type(w) ~= "number" or w ~= math.floor(w) or w < 0 or w > 100 then return "canary.weight is not a whole number from 0 to 100" end
-  for _, k in ipairs({ "sticky_header", "override_header", "sticky_cookie" }) do
-    if c[k] ~= nil and type(c[k]) ~= "string" then return "canary." .. k .. " is not a string" end
+  for _, k in ipairs({ "sticky_header", "override_header" }) do
+    if c[k] ~= nil and not is_header_name(c[k]) then
+      return "canary." .. k .. " is not a header name (1 to 64 letters, digits and '-')"
+    end
+  end
+  if c.sticky_cookie ~= nil and not is_cookie_name(c.sticky_cookie) then
+    return "canary.sticky_cookie is not a cookie name (1 to 64 characters of an RFC 6265 token)"
   end
   return check_tiers(c.tiers, "canary.tiers")
 end
