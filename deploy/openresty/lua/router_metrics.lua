@@ -58,7 +58,7 @@ M.families = {
     help = "Writes of peer or request state the route's dict had no room for (the request is still served; the dict never evicts the peers table for state), by route." },
   -- histograms
   { name = "autoconfig_engine_ttft_seconds", type = "histogram", buckets = ttft_buckets,
-    help = "Time to first token (first response byte) in seconds, by route and version." },
+    help = "Time to first token (the first content event of a streamed answer) in seconds, by route and version." },
   { name = "autoconfig_engine_decode_tokens_per_second", type = "histogram", buckets = tps_buckets,
     help = "Decode rate of a response in completion tokens per second after the first token, by route and version." },
   -- gauges (supplied by the engine at scrape time)
