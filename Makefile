@@ -19,7 +19,7 @@ BUILD_DATE  ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-
 IMAGES_DIR  ?= out/images
 LDFLAGS     := -s -w -X github.com/modelsphere/autoconfig/internal/cli.Version=$(VERSION) -X github.com/modelsphere/autoconfig/internal/cli.Commit=$(COMMIT) -X github.com/modelsphere/autoconfig/internal/cli.BuildDate=$(BUILD_DATE)
 
-.PHONY: all build test lua-test bench-engine fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
+.PHONY: all build test lua-test bench-engine fuzz-push fault cluster-scripts verify generate deps envtest demo clean fmt vet unit race bench-applied property fuzz install uninstall deploy undeploy images
 
 PROPERTY_N    ?= 2000
 PROPERTY_SEED ?= 1
@@ -94,6 +94,9 @@ property: deps ## the accepted-routes-load property at length: PROPERTY_N routes
 
 fuzz: deps ## fuzz the route generator against real nginx for FUZZTIME; failing inputs are kept in compiler/testdata/fuzz
 	$(GO) test -run '^$$' -fuzz FuzzAcceptedRouteLoads -fuzztime $(FUZZTIME) ./compiler
+
+fuzz-push: deps ## fuzz random peers tables pushed into the real engine for FUZZTIME: each is refused or served, never accepted and then answered 500
+	$(GO) test -run '^$$' -fuzz FuzzPushedTable -fuzztime $(FUZZTIME) ./compiler
 
 demo: deps envtest ## the whole loop on a laptop: control plane, controller, routes, scaling
 	$(GO) run ./hack/demo

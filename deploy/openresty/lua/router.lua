@@ -61,6 +61,7 @@ local pick, limit_of = pick_mod.pick, slo.limit_of
 
 local M = {}
 local routes = probe_mod.routes
+local reachable
 
 local METRICS_DICT = "autoconfig@metrics"
 local mdict_checked, mdict = false, nil
@@ -542,6 +543,19 @@ local function unplan(r, ctx)
   end
 end
 
+-- reachable: the peers a request may try in tiers (a FailClose route
+-- never goes below its cart tier).
+reachable = function(r, tiers)
+  local n = 0
+  for _, t in ipairs(tiers) do
+    n = n + #t.peers
+    if r.fail_close and t.use == "cart" then
+      break
+    end
+  end
+  return n
+end
+
 -- balance picks the peer of each try. nginx calls it again for the same
 -- request only after a try failed without a response (proxy_next_upstream's
 -- default "error timeout") and only while set_more_tries allows it. A try
@@ -564,6 +578,16 @@ function M.balance(route)
     local more = (r.retry and r.max_tries or 1) - 1
     if r.canary then
       more = more + 1
+    end
+    -- Never more tries than peers to try: nginx answers 502 itself once
+    -- the tries are used up; a balancer call with no peer left could only
+    -- fail the request with a 500.
+    local n = reachable(r, r.tiers)
+    if r.canary then
+      n = n + reachable(r, r.canary.tiers)
+    end
+    if more > n - 1 then
+      more = n - 1
     end
     if more > 0 then
       local ok, err = balancer.set_more_tries(more)

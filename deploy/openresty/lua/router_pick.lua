@@ -10,8 +10,8 @@
 --     max(ceil(c * (in_flight + 1) / n), floor) (router_ring.bound);
 --     when none is, it spills to the least loaded peer;
 --   * a request without a key goes to the least loaded peer, preferring
---     peers under their limit (ties rotate). A tier of more than
---     SAMPLE peers is sampled: SAMPLE consecutive peers from a rotating
+--     peers under their limit (ties rotate). A tier of more than FULL
+--     (16) peers is sampled: SAMPLE (8) consecutive peers from a random
 --     start, the whole tier only when none of them has a free slot, so a
 --     pick costs the same on 10 peers and on 10,000.
 -- The peer's limit is the tier's max_concurrency, or the adaptive limit
@@ -25,7 +25,10 @@ local out_of_pick = state.out_of_pick
 
 local M = {}
 
-local SAMPLE = 32
+-- A keyless pick on a tier of more than FULL peers looks at SAMPLE of
+-- them (power of d choices, d = 8: close to least load, and each peer
+-- looked at costs three dict reads, whose cost grows with the dict).
+local FULL, SAMPLE = 16, 8
 -- The ring walk looks at this many distinct peers before it gives the
 -- key up to the least loaded peer.
 local WALK = 64
@@ -77,10 +80,10 @@ end
 
 local function least_loaded(r, t, tried, ignore_out, limit_of)
   local n = #t.peers
-  if n <= SAMPLE then
+  if n <= FULL then
     return scan(r, t, tried, ignore_out, r.rr, n, limit_of)
   end
-  local p, free, a = scan(r, t, tried, ignore_out, (r.rr * 7919) % n, SAMPLE, limit_of)
+  local p, free, a = scan(r, t, tried, ignore_out, math.random(0, n - 1), SAMPLE, limit_of)
   if p and free then
     return p, free, a
   end
