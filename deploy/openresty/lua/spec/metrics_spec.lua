@@ -400,6 +400,7 @@ describe("router_metrics", function()
           for _, x in ipairs({ 18.5, 33.25, 700 }) do M.observe(d, "autoconfig_engine_decode_tokens_per_second", M.labels("route", r, "version", v), x) end
         end
         M.inc(d, "autoconfig_engine_ejections_total", M.labels("route", r, "peer", "10.0.0.2:8000"))
+        M.inc(d, "autoconfig_engine_state_write_failures_total", M.labels("route", r))
       end
       return d
     end
