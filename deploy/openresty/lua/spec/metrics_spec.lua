@@ -205,6 +205,7 @@ describe("router_metrics", function()
         autoconfig_engine_completion_tokens_total = "counter",
         autoconfig_engine_ejections_total = "counter",
         autoconfig_engine_canary_fallthrough_total = "counter",
+        autoconfig_engine_state_write_failures_total = "counter",
         autoconfig_engine_ttft_seconds = "histogram",
         autoconfig_engine_decode_tokens_per_second = "histogram",
         autoconfig_engine_peer_in_flight = "gauge",
