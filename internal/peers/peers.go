@@ -5,7 +5,8 @@
 // the reload sidecar pushes it into the running engine, the reference
 // engine (deploy/openresty/lua/router.lua) reads it, and the sidecar's
 // served report names the version the engine accepted. docs/lua-contract.md
-// ("Dynamic peers") is the contract.
+// ("Dynamic peers") is the contract; Check (check.go) is its rules, the
+// ones the engine applies, and testdata/corpus the cases both run.
 //
 // It imports nothing of Kubernetes, CUE or the compiler: the sidecar uses it.
 package peers
@@ -15,7 +16,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -172,17 +172,12 @@ func fillPeers(tiers []Tier) []Tier {
 }
 
 // Encode is the table's file content: Format and Version set, JSON on one
-// line with a trailing newline. Same tiers, same bytes.
+// line with a trailing newline. Same tiers, same bytes. A table Check
+// refuses is not encoded.
 func (t Table) Encode() ([]byte, error) {
-	if t.Route == "" {
-		return nil, errors.New("peers table: empty route")
-	}
 	t.Tiers = fillPeers(t.Tiers)
 	t.Format = Format
 	if t.Canary != nil {
-		if t.Canary.Weight < 0 || t.Canary.Weight > 100 {
-			return nil, fmt.Errorf("peers table %s: canary weight %d is not 0-100", t.Route, t.Canary.Weight)
-		}
 		c := *t.Canary
 		c.Tiers = fillPeers(slices.Clone(c.Tiers))
 		t.Canary, t.Format = &c, FormatCanary
@@ -192,6 +187,10 @@ func (t Table) Encode() ([]byte, error) {
 		return nil, err
 	}
 	t.Version = v
+	// What an engine would refuse is never written.
+	if err := Check(t); err != nil {
+		return nil, err
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -201,9 +200,10 @@ func (t Table) Encode() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Parse reads a table file. It refuses a format it does not know, a table
-// without a route or without tiers' peers, and a version that does not
-// match the tiers (a table edited by hand, or cut short).
+// Parse reads a table file. It refuses what Check refuses (an unknown
+// format, a table without a route, a peer that is no IP address and port,
+// …), an unknown field, and a version that does not match the tiers (a
+// table edited by hand, or cut short).
 func Parse(b []byte) (Table, error) {
 	var t Table
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -211,27 +211,8 @@ func Parse(b []byte) (Table, error) {
 	if err := dec.Decode(&t); err != nil {
 		return Table{}, fmt.Errorf("peers table: %w", err)
 	}
-	switch {
-	case t.Format == Format && t.Canary != nil:
-		return Table{}, errors.New("peers table: format 1 has no canary (a table with one is format 2)")
-	case t.Format == FormatCanary && t.Canary == nil:
-		return Table{}, errors.New("peers table: format 2 without a canary")
-	case t.Format != Format && t.Format != FormatCanary:
-		return Table{}, fmt.Errorf("peers table: format %d is neither %d nor %d, the ones this release reads", t.Format, Format, FormatCanary)
-	}
-	if t.Route == "" {
-		return Table{}, errors.New("peers table: no route")
-	}
-	if err := checkPeers(t.Route, "tiers", t.Tiers); err != nil {
+	if err := Check(t); err != nil {
 		return Table{}, err
-	}
-	if c := t.Canary; c != nil {
-		if c.Weight < 0 || c.Weight > 100 {
-			return Table{}, fmt.Errorf("peers table %s: canary weight %d is not 0-100", t.Route, c.Weight)
-		}
-		if err := checkPeers(t.Route, "canary.tiers", c.Tiers); err != nil {
-			return Table{}, err
-		}
 	}
 	want, err := version(t.Tiers, t.Canary)
 	if err != nil {
@@ -241,15 +222,4 @@ func Parse(b []byte) (Table, error) {
 		return Table{}, fmt.Errorf("peers table %s: version %q does not match its tiers (%s)", t.Route, t.Version, want)
 	}
 	return t, nil
-}
-
-func checkPeers(route, where string, tiers []Tier) error {
-	for i, tr := range tiers {
-		for j, p := range tr.Peers {
-			if p.Host == "" || p.Port < 1 || p.Port > 65535 {
-				return fmt.Errorf("peers table %s: %s[%d].peers[%d]: host %q port %d is not an address", route, where, i, j, p.Host, p.Port)
-			}
-		}
-	}
-	return nil
 }

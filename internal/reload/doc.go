@@ -20,6 +20,12 @@
 //
 //   - reloader.go: check command, signal, verification by worker pids.
 //
+//   - push.go: dynamic peers. A change of peers tables only is pushed to
+//     the engine's control socket instead of reloading; a table is checked
+//     first (peers.ParseFile), and one the engine does not take keeps a
+//     verdict (refused, waiting for its route) that says when it is pushed
+//     again, so no table makes the sidecar reload or log at every resync.
+//
 //   - atomicwriter.go, configmap.go: API mode, which writes one ConfigMap's
 //     keys in kubelet's layout without kubelet's 60–90 s delay.
 //

@@ -35,6 +35,7 @@ type Metrics struct {
 	ReportErrors       prometheus.Counter
 	Pushes             *prometheus.CounterVec
 	PushDuration       prometheus.Histogram
+	PeersUnserved      *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg with
@@ -84,21 +85,28 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "peers_pushes_total",
-			Help: "Dynamic peers: pushes of a peers table to the engine's control socket by result: accepted, refused (malformed, full dict, older serial), no_route (the engine needs a reload first), error (no answer).",
+			Help: "Dynamic peers: pushes of a peers table to the engine's control socket by result: accepted, refused (by the engine: full dict, older serial, its own check), invalid (refused by the sidecar before any push, once per content: fails the engine's rules or names another route than its key), no_route (the engine has no such route: the first for a content of the route files reloads once, later ones are the backoff's pushes of a table waiting for its route), error (no answer, unreadable file).",
 		}, []string{"result"}),
 		PushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "peers_push_duration_seconds",
 			Help:    "Dynamic peers: one table's push, from reading the file to the engine's acknowledgement.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
 		}),
+		PeersUnserved: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "peers_tables_unserved",
+			Help: "Dynamic peers: peers tables on disk whose content the engine does not hold, by the reason of their last push: invalid (waits for a new content), no_route (waits for its route: pushed after every reload and with backoff), refused and error (pushed again at every resync).",
+		}, []string{"reason"}),
 	}
-	for _, r := range []string{PushAccepted, PushRefused, PushNoRoute, PushError} {
+	for _, r := range []string{PushAccepted, PushRefused, PushInvalid, PushNoRoute, PushError} {
 		m.Pushes.WithLabelValues(r)
+	}
+	for _, r := range []string{PushInvalid, PushNoRoute, PushRefused, PushError} {
+		m.PeersUnserved.WithLabelValues(r)
 	}
 	for _, r := range []string{ResultSuccess, ResultFailed, ResultSignalled, ResultCheckFailed, ResultNoProcess, ResultAmbiguous, ResultError, ResultContentChanged} {
 		m.Reloads.WithLabelValues(r)
 	}
 	prometheus.WrapRegistererWithPrefix(MetricsPrefix, reg).MustRegister(
-		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys, m.ReportErrors, m.Pushes, m.PushDuration)
+		m.Reloads, m.LastSuccess, m.LastAttempt, m.Changes, m.StaleSockets, m.ReloadDuration, m.ConfigMapWrites, m.LastConfigMapWrite, m.QuarantinedKeys, m.ReportErrors, m.Pushes, m.PushDuration, m.PeersUnserved)
 	return m
 }

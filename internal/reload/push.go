@@ -7,6 +7,15 @@ package reload
 // worker generation. Every other change still goes check → signal, and
 // after it every table is pushed again (a new route's dict exists only
 // after the reload). A new target master gets every table too.
+//
+// A table is checked before it is pushed (peers.ParseFile: the engine's
+// rules, and the route its key names). A table the engine does not take
+// keeps a verdict (unserved) until its content changes: one refused before
+// the push is not pushed again; one for a route the engine lacks costs at
+// most one reload per content of the route files, then waits for its route
+// (pushed again after every reload and at resync ticks 1, 2, 4, … after,
+// up to noRouteMaxWait); one the engine refused is pushed again at every
+// resync. Each is logged when its verdict changes, not at every retry.
 
 import (
 	"bytes"
@@ -34,10 +43,36 @@ import (
 // Results of one push, the values of peers_pushes_total{result}.
 const (
 	PushAccepted = "accepted" // the engine answered with the table's version
-	PushRefused  = "refused"  // the engine refused the table (malformed, full dict, older serial)
-	PushNoRoute  = "no_route" // the engine has no such route yet: a reload must come first
-	PushError    = "error"    // no answer, an unreadable file, a table that does not parse
+	PushRefused  = "refused"  // the engine refused the table (dict full, older serial, its own check)
+	PushInvalid  = "invalid"  // refused before any push: it fails the engine's rules (peers.Check), does not parse, or its route is not its key's
+	PushNoRoute  = "no_route" // the engine has no such route (404)
+	PushError    = "error"    // no answer, an unreadable file
 )
+
+// noRouteMaxWait bounds the wait between two pushes of a table waiting for
+// its route (the wait doubles from --resync).
+const noRouteMaxWait = 10 * time.Minute
+
+// unserved is a table whose content on disk the engine does not hold, and
+// why: the verdict of its last push, for the content it was made on.
+type unserved struct {
+	sum    string // the file's sum (Snapshot.Keys) the verdict is for
+	result string // PushInvalid, PushRefused, PushNoRoute or PushError
+	// waiting: no_route although the target reloaded the route files on
+	// disk, so a reload cannot help. Pushed again after every reload and
+	// from resync tick due on; every (in ticks) doubles at each miss.
+	waiting    bool
+	due, every int64
+}
+
+// pushed is what one pushKeys did.
+type pushed struct {
+	served   map[string]string // the keys served now: loadedKeys with each accepted key's new sum
+	tried    []string          // keys pushed or refused before the push
+	accepted []string
+	held     []string // not taken: the engine keeps its last table of these (or none)
+	reload   []string // no_route on route files the target has not reloaded: a reload may bring the route
+}
 
 // pushTimeout bounds one push (10,000 peers are acknowledged in ≈ 40 ms).
 const pushTimeout = 10 * time.Second
@@ -108,17 +143,13 @@ func (r *Reloader) nextSerial() int64 {
 	return s
 }
 
-// push sends one table to the engine and returns the version it accepted.
-// An engine holding a higher serial (pushed by this pod's previous sidecar,
-// whose serials ran ahead of the clock) refuses with 409 and names it: the
-// push is retried once above it.
-func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error) {
-	t, err := peers.Parse(content)
-	if err != nil {
-		return t, err
-	}
+// push sends one checked table to the engine and checks it acknowledged
+// the table's version. An engine holding a higher serial (pushed by this
+// pod's previous sidecar, whose serials ran ahead of the clock) refuses
+// with 409 and names it: the push is retried once above it.
+func (r *Reloader) push(ctx context.Context, t peers.Table, content []byte) error {
 	var stored int64
-	err = r.pushOnce(ctx, t, content, &stored)
+	err := r.pushOnce(ctx, t, content, &stored)
 	// Right after a reload a worker of the old generation may still take
 	// the connection (it closes its listeners only when it gets to its
 	// shutdown), and its lua state predates the reload's new routes
@@ -127,16 +158,16 @@ func (r *Reloader) push(ctx context.Context, content []byte) (peers.Table, error
 	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && r.now().Sub(r.reloadedAt) < noRouteWindow; i++ {
 		select {
 		case <-ctx.Done():
-			return t, err
+			return err
 		case <-time.After(noRouteBackoff):
 		}
 		err = r.pushOnce(ctx, t, content, &stored)
 	}
 	if !errors.Is(err, errOlderSerial) {
-		return t, err
+		return err
 	}
 	r.serial = max(r.serial, stored)
-	return t, r.pushOnce(ctx, t, content, nil)
+	return r.pushOnce(ctx, t, content, nil)
 }
 
 // A push answered 404 within noRouteWindow of a reload is retried every
@@ -157,8 +188,12 @@ func (r *Reloader) pushOnce(ctx context.Context, t peers.Table, content []byte, 
 	if err != nil {
 		return err
 	}
+	serial := r.nextSerial()
+	if serial > peers.MaxSerial {
+		return fmt.Errorf("push %s: %w: its serial would be %d, above 2^53, the greatest an engine takes (the engine holds a serial pushed from a clock far ahead): restart the engine to clear it", t.Route, errRefused, serial)
+	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(peers.SerialHeader, strconv.FormatInt(r.nextSerial(), 10))
+	req.Header.Set(peers.SerialHeader, strconv.FormatInt(serial, 10))
 	resp, err := r.controlClient().Do(req)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", t.Route, err)
@@ -228,46 +263,132 @@ func onlyPeersChanged(loaded, now map[string]string) (changed []string, ok bool)
 	return changed, true
 }
 
-// pushKeys pushes keys of snap and returns the keys served now: loaded
-// with every accepted key's new hash. It fails with errNoRoute when the
-// engine lacks a route (a reload is due) and errContentMoved when the
-// directories moved.
-func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string) (servedKeys map[string]string, refused []string, err error) {
-	servedKeys = maps.Clone(r.loadedKeys)
-	if servedKeys == nil {
-		servedKeys = map[string]string{}
+// pushKeys pushes keys of snap, except a table whose verdict stands on
+// the same content: one refused before the push (invalid), and one
+// waiting for its route until its next push is due (unless all, after a
+// reload or to a new master). It fails only with errContentMoved (the
+// directories moved: nothing more is pushed).
+func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string, all bool) (pushed, error) {
+	out := pushed{served: maps.Clone(r.loadedKeys)}
+	if out.served == nil {
+		out.served = map[string]string{}
 	}
+	conf := routeFilesID(snap.Keys)
 	for _, k := range keys {
+		sum := snap.Keys[k]
+		u, known := r.unserved[k]
+		if known && u.sum == sum && (u.result == PushInvalid || u.waiting && !all && r.ticks < u.due) {
+			out.held = append(out.held, k)
+			continue
+		}
 		start := r.now()
-		b, rerr := r.readKey(k, snap.Keys[k])
-		if errors.Is(rerr, errContentMoved) {
-			return servedKeys, refused, rerr
+		b, err := r.readKey(k, sum)
+		if errors.Is(err, errContentMoved) {
+			return out, err
 		}
+		res := PushError
 		var t peers.Table
-		if rerr == nil {
-			t, rerr = r.push(ctx, b)
-		}
-		r.metrics.PushDuration.Observe(r.now().Sub(start).Seconds())
-		switch {
-		case rerr == nil:
-			r.metrics.Pushes.WithLabelValues(PushAccepted).Inc()
-			servedKeys[k] = snap.Keys[k]
-			r.accepted[t.Route] = t.Version
-			r.log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", r.now().Sub(start).Round(time.Microsecond))
-		case errors.Is(rerr, errNoRoute):
-			r.metrics.Pushes.WithLabelValues(PushNoRoute).Inc()
-			return servedKeys, refused, rerr
-		default:
-			res := PushError
-			if errors.Is(rerr, errRefused) {
-				res = PushRefused
+		if err == nil {
+			if t, err = peers.ParseFile(k, b); err != nil {
+				res = PushInvalid
+			} else {
+				err = r.push(ctx, t, b)
+				res = pushResult(err)
+				r.metrics.PushDuration.Observe(r.now().Sub(start).Seconds())
 			}
-			r.metrics.Pushes.WithLabelValues(res).Inc()
-			r.log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", rerr)
-			refused = append(refused, k)
+		}
+		r.metrics.Pushes.WithLabelValues(res).Inc()
+		out.tried = append(out.tried, k)
+		v := unserved{sum: sum, result: res}
+		switch {
+		case res == PushAccepted:
+			out.served[k] = sum
+			out.accepted = append(out.accepted, k)
+			r.accepted[t.Route] = t.Version
+			if known {
+				r.log.Info("peers table taken: the engine serves its current version", "key", k, "route", t.Route, "version", t.Version, "before", u.result)
+				delete(r.unserved, k)
+			}
+			r.log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", r.now().Sub(start).Round(time.Microsecond))
+			continue
+		case res == PushNoRoute && conf != r.reloadedConf:
+			// The target has not loaded these route files since this
+			// sidecar started (or not at all): a reload may add the route.
+			out.reload = append(out.reload, k)
+			r.log.Debug("the engine has no route for this table; a reload of the route files on disk may bring it", "key", k, "route", t.Route)
+		case res == PushNoRoute:
+			v.waiting, v.every = true, 1
+			if known && u.waiting {
+				v.every = min(2*u.every, max(1, int64(noRouteMaxWait/r.opts.Resync)))
+			}
+			v.due = r.ticks + v.every
+			if !known || !u.waiting {
+				r.log.Error("peers table waits for its route: the engine has no such route although it loaded the route files on disk (is the route file missing, quarantined or refused by the check?); not reloading for it again; pushed again after the next reload, and at resync ticks with a backoff doubling up to "+noRouteMaxWait.String(),
+					"key", k, "route", t.Route, "err", err)
+			} else {
+				r.log.Debug("peers table still waits for its route", "key", k, "route", t.Route, "next in resyncs", v.every)
+			}
+		case known && u.result == res && u.sum == sum:
+			// The same verdict on the same content: logged already.
+			r.log.Debug("peers table still not taken", "key", k, "result", res, "err", err)
+		case res == PushInvalid:
+			r.log.Error("peers table refused before pushing: the engine would not take it, or it names another route than its key; the engine keeps its last good table of the route; pushed again when the file changes",
+				"key", k, "err", err)
+		default:
+			r.log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", err)
+		}
+		r.unserved[k] = v
+		if v.result != PushNoRoute || v.waiting {
+			out.held = append(out.held, k)
 		}
 	}
-	return servedKeys, refused, nil
+	return out, nil
+}
+
+// pushResult is the peers_pushes_total result of a push's error.
+func pushResult(err error) string {
+	switch {
+	case err == nil:
+		return PushAccepted
+	case errors.Is(err, errNoRoute):
+		return PushNoRoute
+	case errors.Is(err, errRefused):
+		return PushRefused
+	default:
+		return PushError
+	}
+}
+
+// keepUnserved forgets the verdicts of tables no longer in keys and sets
+// the peers_tables_unserved gauge.
+func (r *Reloader) keepUnserved(keys map[string]string) {
+	n := map[string]int{}
+	for k, u := range r.unserved {
+		if _, ok := keys[k]; !ok {
+			delete(r.unserved, k)
+			continue
+		}
+		n[u.result]++
+	}
+	for _, res := range []string{PushInvalid, PushNoRoute, PushRefused, PushError} {
+		r.metrics.PeersUnserved.WithLabelValues(res).Set(float64(n[res]))
+	}
+}
+
+// routeFilesID identifies the keys that are no peers table (the files
+// nginx loads) by name and content.
+func routeFilesID(keys map[string]string) string {
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if peers.IsKey(k) {
+			continue
+		}
+		h.Write([]byte(k))
+		h.Write([]byte{0})
+		h.Write([]byte(keys[k]))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // peersKeys are the peers tables of snap, sorted.
@@ -282,46 +403,54 @@ func peersKeys(keys map[string]string) []string {
 	return out
 }
 
-// pushAll pushes every table of snap (after a reload, or to a new master).
-// ok is false when a table could not be pushed.
+// pushAll pushes every table of snap (after a reload), also those waiting
+// for their route. ok is false when a table is not served.
 func (r *Reloader) pushAll(ctx context.Context, snap Snapshot) (servedKeys map[string]string, ok bool) {
 	keys := peersKeys(snap.Keys)
 	if len(keys) == 0 || !r.takesPeers() {
 		return nil, true
 	}
-	servedKeys, refused, err := r.pushKeys(ctx, snap, keys)
+	out, err := r.pushKeys(ctx, snap, keys, true)
+	r.keepUnserved(snap.Keys)
 	if err != nil {
-		r.log.Error("peers tables not pushed; retrying", "err", err)
-		return servedKeys, false
+		r.log.Info("the directories changed while their peers tables were pushed; looking again", "err", err)
+		return out.served, false
 	}
-	return servedKeys, len(refused) == 0
+	return out.served, len(out.held)+len(out.reload) == 0
 }
 
 // pushFor brings a peers-only change to the engine. It returns nextDone
-// when every table was accepted (or refused by the engine: retried at the
-// resync), and ok false when a reload must come first.
+// when every table was accepted, nextResync when one was not (its verdict
+// says when it is pushed again), and ok false when a reload must come
+// first: the engine lacks a route and has not loaded the route files on
+// disk since this sidecar started.
 func (r *Reloader) pushFor(ctx context.Context, snap Snapshot, keys []string) (next, bool) {
 	start := r.now()
-	servedKeys, refused, err := r.pushKeys(ctx, snap, keys)
-	switch {
-	case errors.Is(err, errContentMoved):
+	out, err := r.pushKeys(ctx, snap, keys, false)
+	if err != nil {
 		return nextSettle, true
-	case errors.Is(err, errNoRoute):
-		r.log.Info("the engine does not know a route of this change yet; reloading")
+	}
+	if len(out.reload) > 0 {
+		r.log.Info("the engine does not know the route of these peers tables; reloading once (if the reloaded route files do not add it, the tables wait for their route without more reloads)", "keys", out.reload)
 		return nextDone, false
 	}
-	r.loadedKeys = servedKeys
-	if len(refused) == 0 {
+	r.loadedKeys = out.served
+	if len(out.held) == 0 {
 		r.loaded = snap.Fingerprint
 	}
-	r.log.Info("peers pushed: no reload", "keys", len(keys), "refused", refused, "elapsed", r.now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
-	if r.report != nil {
-		r.report(r.servedReportKeys(servedKeys, served.HowPush))
+	r.keepUnserved(snap.Keys)
+	if len(out.accepted) > 0 {
+		r.log.Info("peers pushed: no reload", "keys", len(out.accepted), "not taken", out.held, "elapsed", r.now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
+		if r.report != nil {
+			r.report(r.servedReportKeys(out.served, served.HowPush))
+		}
+	} else {
+		r.log.Debug("no peers table taken", "not taken", out.held)
 	}
-	if r.onPush != nil {
-		r.onPush(keys, refused)
+	if r.onPush != nil && len(out.tried) > 0 {
+		r.onPush(out.tried, out.held)
 	}
-	if len(refused) > 0 {
+	if len(out.held) > 0 {
 		return nextResync, true
 	}
 	return nextDone, true
@@ -338,7 +467,9 @@ func (r *Reloader) servedReportKeys(keys map[string]string, how string) served.R
 }
 
 // repushAll pushes every table the target serves to a new master (or at
-// start, once the engine listens). It stays due until it succeeds.
+// start, once the engine listens). It stays due while a push gets no
+// answer; a table the engine does not take is no longer counted as served,
+// and the next resync treats it as a change (with its verdict).
 func (r *Reloader) repushAll(ctx context.Context) {
 	if !r.takesPeers() {
 		return
@@ -353,13 +484,34 @@ func (r *Reloader) repushAll(ctx context.Context) {
 			keys = append(keys, k)
 		}
 	}
-	_, refused, err := r.pushKeys(ctx, snap, keys)
-	if err != nil || len(refused) > 0 {
-		r.log.Info("peers tables not all pushed to the engine; retrying at the next sweep", "err", err, "refused", refused)
+	out, err := r.pushKeys(ctx, snap, keys, true)
+	if err != nil {
+		r.log.Info("the directories changed while the peers tables were pushed to the engine; retrying at the next sweep", "err", err)
+		return
+	}
+	retry := false
+	var dropped []string
+	for _, k := range append(out.held, out.reload...) {
+		if r.unserved[k].result == PushError {
+			retry = true
+			continue
+		}
+		delete(r.loadedKeys, k)
+		dropped = append(dropped, k)
+	}
+	r.keepUnserved(snap.Keys)
+	if len(dropped) > 0 {
+		r.loaded = ""
+		if r.report != nil {
+			r.report(r.servedReportKeys(r.loadedKeys, served.HowPush))
+		}
+	}
+	if retry {
+		r.log.Debug("peers tables not all pushed to the engine; retrying at the next sweep", "tables", len(keys))
 		return
 	}
 	r.repush = false
-	r.log.Info("peers tables pushed to the engine", "tables", len(keys))
+	r.log.Info("peers tables pushed to the engine", "tables", len(out.accepted), "not taken", dropped)
 }
 
 // peersOnlyDesired reports, in API mode with the engine on its control

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
@@ -29,11 +31,13 @@ type fakeEngine struct {
 	// notFound answers the next pushes of a route 404 (a worker of the
 	// old generation, which does not know the route yet).
 	notFound map[string]int
+	// missing are routes the engine does not have: every push 404.
+	missing map[string]bool
 }
 
 func startFakeEngine(t *testing.T, sockDir string) *fakeEngine {
 	t.Helper()
-	e := &fakeEngine{tables: map[string]peers.Table{}, refuse: map[string]int{}, notFound: map[string]int{}}
+	e := &fakeEngine{tables: map[string]peers.Table{}, refuse: map[string]int{}, notFound: map[string]int{}, missing: map[string]bool{}}
 	l, err := net.Listen("unix", filepath.Join(sockDir, peers.ControlSocket))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +57,7 @@ func (e *fakeEngine) serve(w http.ResponseWriter, req *http.Request) {
 	b, _ := io.ReadAll(req.Body)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.notFound[route] > 0 {
+	if e.missing[route] || e.notFound[route] > 0 {
 		e.notFound[route]--
 		http.Error(w, "no such route", http.StatusNotFound)
 		return
@@ -172,9 +176,9 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 }
 
 // TestRefusedPushKeepsTheLastGoodTable: a table the engine refuses is not
-// reported as served (the report keeps the previous version, so Applied
-// says Stale), nothing is signalled, and the push is retried at the resync
-// until the engine takes it.
+// reported as served (no report names it, so Applied says Stale), nothing
+// is signalled, and the push is retried at the resync until the engine
+// takes it.
 func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	dir, sock := t.TempDir(), t.TempDir()
 	f0, v0 := dynFiles(t, "conf\n", "10.0.0.1")
@@ -183,18 +187,36 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
 	var rep reports
-	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
-		reportTo(rep.add))
-	_ = h
+	refusals := make(chan []string, 100)
+	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
+		reportTo(rep.add), func(r *Reloader) {
+			r.onPush = func(_, refused []string) {
+				select {
+				case refusals <- refused:
+				default:
+				}
+			}
+		})
 	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.setRefuse("r", http.StatusInsufficientStorage)
 	f1, v1 := dynFiles(t, "conf\n", "10.0.0.1", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
-	reloadtest.WaitFor(t, wait, "a report after the refusal", func() bool { return rep.get()[len(rep.get())-1].How == served.HowPush })
-	last := rep.get()[len(rep.get())-1]
-	if last.Keys[peers.Key("r")] != served.ID([]byte(f0[peers.Key("r")])) || last.Peers["r"] != v0 {
-		t.Fatalf("report after a refused push: %+v, want the last good table (%s)", last, v0)
+	// Two refusals: the change's push and the resync's.
+	for i := 0; i < 2; {
+		select {
+		case refused := <-refusals:
+			if len(refused) == 1 && refused[0] == peers.Key("r") {
+				i++
+			}
+		case <-time.After(wait):
+			t.Fatal("no refused push")
+		}
+	}
+	for _, r := range rep.get() {
+		if r.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")])) || r.Peers["r"] == v1 {
+			t.Fatalf("a report names the refused table: %+v", r)
+		}
 	}
 	if eng.version("r") != v0 {
 		t.Fatal("the engine's table changed on a refusal")
@@ -267,5 +289,48 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 	reloadtest.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
 	if n := target.Count(); n != 1 {
 		t.Fatalf("%d signals, want 1 (the route file change)", n)
+	}
+}
+
+// TestTableWithoutRouteAtStart: a table of a route the engine lacks, on
+// disk when the sidecar starts, costs one reload at most (the engine may
+// run older route files than the disk shows); after it the table waits
+// for its route, pushed again with backoff, and nothing signals again over
+// many resyncs. The other table is pushed and reported.
+func TestTableWithoutRouteAtStart(t *testing.T) {
+	dir, sock := t.TempDir(), t.TempDir()
+	f, v := dynFiles(t, "conf\n", "10.0.0.1")
+	ghost, _ := table(t, "ghost", "10.0.0.7")
+	f[peers.Key("ghost")] = ghost
+	reloadtest.KubeletSwap(t, dir, f)
+	eng := startFakeEngine(t, sock)
+	eng.mu.Lock()
+	eng.missing["ghost"] = true
+	eng.mu.Unlock()
+	name := uniqueName("nginx-like")
+	target := reloadtest.StartHUPCounter(t, name)
+	var rep reports
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 100 * time.Millisecond},
+		reportTo(rep.add))
+	reloadtest.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
+	m := h.r.metrics
+	// 404s: the start push, the resync's push, the one after the reload,
+	// then the backoff's at resync ticks 1, 2, 4 and 8 after it.
+	reloadtest.WaitFor(t, wait, "seven no_route pushes", func() bool {
+		if n := target.Count(); n > 1 {
+			t.Fatalf("%d signals for a table without its route, want at most 1", n)
+		}
+		return testutil.ToFloat64(m.Pushes.WithLabelValues(PushNoRoute)) >= 7
+	})
+	if n := target.Count(); n > 1 {
+		t.Fatalf("%d signals, want at most 1", n)
+	}
+	if g := testutil.ToFloat64(m.PeersUnserved.WithLabelValues(PushNoRoute)); g != 1 {
+		t.Errorf("peers_tables_unserved{reason=no_route} = %v, want 1", g)
+	}
+	for _, r := range rep.get()[1:] { // the first is the start's: what the target is taken to serve
+		if _, ok := r.Keys[peers.Key("ghost")]; ok || r.Peers["ghost"] != "" {
+			t.Errorf("a report (how %s) names the table without its route: %+v", r.How, r)
+		}
 	}
 }

@@ -80,8 +80,8 @@ type Reloader struct {
 	snapshot   func(dirs []string) (Snapshot, error)                                  // TakeSnapshot
 
 	// Observers, nil outside tests (testhooks.go): after every attempt;
-	// after each peers-only change was pushed, with the keys pushed and
-	// those the engine refused; each time the directories were looked at,
+	// after each peers-only change was pushed, with the keys tried and
+	// those not taken (refused, waiting for their route); each time the directories were looked at,
 	// with whether their visible content is new.
 	onReload func(Outcome)
 	onPush   func(keys, refused []string)
@@ -99,12 +99,18 @@ type Reloader struct {
 	appliedFor string            // API mode: version of the desired content applied
 	refusedFor string            // API mode: version whose check failed even without its changes
 	quarantine map[string]quarantined
-	loadedKeys map[string]string // hash of each key the target serves (Snapshot.Keys)
-	accepted   map[string]string // route → peers version the engine acknowledged
-	repush     bool              // a new target master: push every table again
-	serial     int64             // last push serial
-	reloadedAt time.Time         // last verified reload (the old workers may still accept for a moment)
-	control    *http.Client      // to the engine's control socket
+	loadedKeys map[string]string   // hash of each key the target serves (Snapshot.Keys)
+	accepted   map[string]string   // route → peers version the engine acknowledged
+	unserved   map[string]unserved // peers key → why the engine does not hold its content on disk (push.go)
+	reloadedAt time.Time           // last verified reload (the old workers may still accept for a moment)
+	// reloadedConf identifies the route files of the last verified reload
+	// (routeFilesID): a route the engine lacks after it is not added by
+	// another reload of the same files.
+	reloadedConf string
+	ticks        int64        // resync ticks so far: the clock of a table waiting for its route
+	repush       bool         // a new target master: push every table again
+	serial       int64        // last push serial
+	control      *http.Client // to the engine's control socket
 }
 
 // retryMin is the first retry delay after an error; it doubles up to
@@ -140,7 +146,7 @@ func (r *Reloader) watch(ctx context.Context) error {
 		return fmt.Errorf("read watched directories: %w", err)
 	}
 	r.loaded, r.seen = snap.Fingerprint, snap.Fingerprint
-	r.loadedKeys, r.accepted = snap.Keys, map[string]string{}
+	r.loadedKeys, r.accepted, r.unserved = snap.Keys, map[string]string{}, map[string]unserved{}
 	// The engine may have started with an older table than the files
 	// show (or none): push them all once it listens.
 	r.repush = len(peersKeys(snap.Keys)) > 0
@@ -193,6 +199,14 @@ func (r *Reloader) watch(ctx context.Context) error {
 				if pid != r.lastPID {
 					r.log.Info("target process changed; checking sockets", "old", r.lastPID, "new", pid)
 					r.repush = r.repush || pid != 0
+					// A new master read the route files afresh: a table
+					// waiting for its route is pushed at the next resync.
+					for k, u := range r.unserved {
+						if u.waiting {
+							u.due = r.ticks
+							r.unserved[k] = u
+						}
+					}
 				}
 				r.lastPID = pid
 				r.cleanSockets()
@@ -228,6 +242,7 @@ func (r *Reloader) watch(ctx context.Context) error {
 		case <-resync.C:
 			// A lost event, a refused content worth another try, a
 			// quarantined key that may pass now: look again.
+			r.ticks++
 			force = true
 			if pending.IsZero() {
 				timer.Reset(0)
@@ -280,6 +295,7 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 		r.log.Error("cannot read the watched directories; retrying", "err", err)
 		return nextRetry
 	}
+	r.keepUnserved(snap.Keys)
 	if snap.Fingerprint == r.loaded {
 		r.log.Debug("the target already serves this content; not reloading")
 		if r.onSettle != nil {
@@ -305,16 +321,20 @@ func (r *Reloader) attempt(ctx context.Context, force bool) next {
 	switch o.Result {
 	case ResultSuccess, ResultSignalled:
 		// The reloaded engine keeps picking from the tables it holds
-		// until they are pushed: they count as served once accepted.
+		// until they are pushed: they count as served once accepted (a
+		// new one not before).
 		keys := maps.Clone(snap.Keys)
 		for _, k := range peersKeys(keys) {
 			if old, ok := r.loadedKeys[k]; ok {
 				keys[k] = old
+			} else {
+				delete(keys, k)
 			}
 		}
 		r.loadedKeys = keys
 		r.loaded = snap.Fingerprint
 		r.reloadedAt = r.now()
+		r.reloadedConf = routeFilesID(snap.Keys)
 		if sk, ok := r.pushAll(ctx, snap); sk != nil {
 			r.loadedKeys = sk
 			if !ok {
