@@ -167,13 +167,6 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 		}
 		return nil, err
 	}
-	// The monitor file would go into the nginx ConfigMap's directory,
-	// where nginx loads it as configuration: refused as by vet and the
-	// controller.
-	if p, clash := ownMonitorInNginx(docs[0]); clash {
-		fmt.Fprintln(stderr, p.String())
-		return nil, cli.ExitCode(1)
-	}
 	// A canary on the stable version's Service: refused as by vet.
 	if p, same := canaryOnStable(docs[0]); same {
 		fmt.Fprintln(stderr, p.String())

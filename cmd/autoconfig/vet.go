@@ -34,9 +34,10 @@ an unknown field or of a struct or list, for a missing field the key of the
 field that should hold it). Routes that are valid alone but would write the
 same ConfigMap key (the same nginx.route in one ConfigMap, monitor models
 Org/M and Org_M, two routes on one CART ConfigMap) are reported too, naming
-the other route's file:line, and so is a monitor.outputConfigMap that is an
-nginx output ConfigMap (bare names resolve with metadata.namespace where the
-document sets it).
+the other route's file:line, and so is a monitor.outputConfigMap that is
+another route's nginx output ConfigMap (bare names resolve with
+metadata.namespace where the document sets it; the route's own is a schema
+rule).
 Documents of other kinds (a Deployment, a Kustomization: any object whose
 kind and apiVersion are not the ModelRoute's) are skipped and counted, so a
 GitOps directory or "helm template ... | autoconfig vet -" can be checked;
@@ -245,13 +246,15 @@ func keyConflicts(routes []vetRoute) []keyConflict {
 	return out
 }
 
-// monitorInNginx finds routes whose monitor ConfigMap is an nginx output
-// ConfigMap, their own or another route's: openresty includes every *.conf
-// key there, so the monitor file would be loaded as nginx configuration.
-// The schema catches the same text in one route; here bare names resolve
-// with metadata.namespace, as the controller resolves them in the cluster.
-// A bare name of a route without a namespace is not compared: where it
-// lands depends on where the route is applied.
+// monitorInNginx finds routes whose monitor ConfigMap is another route's
+// nginx output ConfigMap: openresty includes every *.conf key there, so the
+// monitor file would be loaded as nginx configuration. The schema catches a
+// route's own nginx ConfigMap (the same text, or a bare name and ns/name
+// once metadata.namespace resolves the bare one), so a valid route never
+// names its own here. Bare names resolve with metadata.namespace, as the
+// controller resolves them in the cluster; a bare name of a route without
+// a namespace is not compared: where it lands depends on where the route is
+// applied.
 func monitorInNginx(routes []vetRoute) []keyConflict {
 	type user struct {
 		id, file string
@@ -269,10 +272,6 @@ func monitorInNginx(routes []vetRoute) []keyConflict {
 	}
 	var out []keyConflict
 	for _, vr := range routes {
-		if p, ok := ownMonitorInNginx(vr.doc); ok {
-			out = append(out, keyConflict{result: vr.result, problem: p})
-			continue
-		}
 		mr := vr.doc.Route
 		route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
 		if mr.Spec.Monitor == nil {
@@ -288,25 +287,6 @@ func monitorInNginx(routes []vetRoute) []keyConflict {
 			cm, u.id, u.file, u.line))})
 	}
 	return out
-}
-
-// ownMonitorInNginx reports a route whose monitor ConfigMap is its own
-// nginx output ConfigMap once bare names resolve with metadata.namespace
-// (`autoconfig vet` and `autoconfig compile` refuse it, as the controller
-// does in the cluster).
-func ownMonitorInNginx(doc schema.Document) (schema.Problem, bool) {
-	mr := doc.Route
-	if mr == nil || mr.Spec.Monitor == nil {
-		return schema.Problem{}, false
-	}
-	route := &compiler.Route{Name: mr.Name, Namespace: mr.Namespace, Spec: mr.Spec}
-	mon, ok := compiler.KnownConfigMap(route, mr.Spec.Monitor.OutputConfigMap)
-	if nginx, known := compiler.KnownConfigMap(route, mr.Spec.Nginx.OutputConfigMap); !ok || !known || mon != nginx {
-		return schema.Problem{}, false
-	}
-	return doc.Problem("spec.monitor.outputConfigMap", fmt.Sprintf(
-		"monitor.outputConfigMap is the nginx outputConfigMap (in the route's namespace %s both are ConfigMap %s): openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap",
-		mr.Namespace, mon)), true
 }
 
 // canaryOnStable reports a route whose canary Service is its stable

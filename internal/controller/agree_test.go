@@ -92,15 +92,17 @@ var agreeCases = []agreeCase{
 			}))
 			return "m", nil
 		}},
-	{reason: ReasonMonitorInNginxConfigMap,
+	{reason: ReasonMonitorInNginxConfigMap, // another route's nginx ConfigMap (the route's own is InvalidSpec)
 		setup: func(t *testing.T, ns, _ string) (string, []string) {
 			configMap(t, ns, "routes", map[string]string{}, nil)
+			configMap(t, ns, "other", map[string]string{}, nil)
 			service(t, ns, "m", 8000)
 			endpointSlice(t, ns, "m-1", "m", v4, 8000, up("10.50.0.3"))
+			createRoute(t, newRoute(ns, "n", "m", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.OutputConfigMap = "other" }))
 			createRoute(t, newRoute(ns, "m", "m", func(r *v1alpha1.ModelRoute) {
-				r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: ns + "/routes"}
+				r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: ns + "/other"}
 			}))
-			return "m", []string{ns + "/routes|m.monitor.conf"}
+			return "m", []string{ns + "/other|m.monitor.conf"}
 		}},
 	{reason: ReasonOutputConfigMapMissing,
 		setup: func(t *testing.T, ns, _ string) (string, []string) {

@@ -62,8 +62,10 @@ const (
 	// ownership mark (hand-written); left untouched without the route's
 	// adopt-foreign-keys annotation.
 	ReasonOutputKeyForeign = "OutputKeyForeign"
-	// ReasonMonitorInNginxConfigMap: the monitor output ConfigMap is an
-	// nginx output ConfigMap (openresty would load the monitor file).
+	// ReasonMonitorInNginxConfigMap: the monitor output ConfigMap is
+	// another route's nginx output ConfigMap (openresty would load the
+	// monitor file). The route's own, in any spelling, is InvalidSpec: the
+	// schema resolves bare names with the route's namespace.
 	ReasonMonitorInNginxConfigMap = "MonitorInNginxConfigMap"
 	// ReasonOutputTooLarge: the write would take a ConfigMap over 1 MiB.
 	ReasonOutputTooLarge = "OutputTooLarge"

@@ -9,10 +9,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -124,4 +127,68 @@ func TestTrustedNamespaceNeedsNoGrant(t *testing.T) {
 	}))
 	waitCondition(t, central, "qwen", metav1.ConditionTrue, ReasonReconciled)
 	waitKey(t, mon, "monitor", "qwen.monitor.conf", []string{"10.67.0.1"}, nil)
+}
+
+// TestRevokedGrantKeepsTheLastOutput: revoking a grant does not take back
+// what a route wrote while it held it (docs/controller.md "Cross-namespace
+// references"). A canary Service of another namespace whose grant is
+// revoked turns the route NotPermitted, and the pushed peers table keeps
+// the canary's pods (nothing is written, nothing removed) until the route
+// stops naming the Service: without spec.canary the table is the stable
+// version's alone. A ConfigMap of another namespace whose grant is revoked
+// keeps the route's key even when the route is deleted: the controller
+// may not touch that ConfigMap any more.
+func TestRevokedGrantKeepsTheLastOutput(t *testing.T) {
+	ns, models, gw := namespace(t, "revoke"), namespace(t, "revoke-models"), namespace(t, "revoke-gw")
+	startManager(t)
+	ctx := context.Background()
+	configMap(t, ns, "routes", nil, map[string]string{peers.Annotation: "true"})
+	service(t, ns, "qwen", 8000)
+	endpointSlice(t, ns, "qwen-a", "qwen", v4, 8000, up("10.68.0.1"))
+	service(t, models, "qwen-v2", 8000)
+	endpointSlice(t, models, "qwen-v2-a", "qwen-v2", v4, 8000, up("10.68.1.1"))
+	grantService(t, models, "qwen-v2", ns)
+	createRoute(t, newRoute(ns, "qwen", "qwen", func(r *v1alpha1.ModelRoute) {
+		r.Spec.Canary = &v1alpha1.Canary{Discovery: v1alpha1.Discovery{Service: models + "/qwen-v2"}, Weight: 10}
+	}))
+	stable, canary := `"host":"10.68.0.1"`, `"host":"10.68.1.1"`
+	waitKey(t, ns, "routes", peers.Key("qwen"), []string{stable, canary}, nil)
+	waitCondition(t, ns, "qwen", metav1.ConditionTrue, ReasonReconciled)
+
+	// The models namespace revokes the grant.
+	grantService(t, models, "qwen-v2", "")
+	r := waitCondition(t, ns, "qwen", metav1.ConditionFalse, ReasonNotPermitted)
+	if msg := findCond(r, TypeReady).Message; !strings.Contains(msg, "Service "+models+"/qwen-v2 (spec.canary.discovery.service)") {
+		t.Errorf("message: %s", msg)
+	}
+	if v, _ := cmKey(t, ns, "routes", peers.Key("qwen")); !strings.Contains(v, canary) {
+		t.Fatalf("the peers table lost the canary's pods after the revocation; the controller should have written nothing:\n%s", v)
+	}
+	// The route's owner removes the canary: the table is rewritten.
+	updateRoute(t, ns, "qwen", func(r *v1alpha1.ModelRoute) { r.Spec.Canary = nil })
+	waitKey(t, ns, "routes", peers.Key("qwen"), []string{stable}, []string{canary})
+	waitCondition(t, ns, "qwen", metav1.ConditionTrue, ReasonReconciled)
+
+	// A ConfigMap of another namespace: written while granted, kept after
+	// the grant is revoked, also when the route is deleted.
+	configMap(t, gw, "openresty", nil, map[string]string{sink.AllowedNamespacesAnnotation: ns})
+	createRoute(t, newRoute(ns, "edge", "qwen", func(r *v1alpha1.ModelRoute) { r.Spec.Nginx.OutputConfigMap = gw + "/openresty" }))
+	waitKey(t, gw, "openresty", routeKey("edge"), []string{host("10.68.0.1")}, nil)
+	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := getCM(t, gw, "openresty")
+		if err != nil {
+			return err
+		}
+		delete(cm.Annotations, sink.AllowedNamespacesAnnotation)
+		return k8s.Update(ctx, cm)
+	}))
+	waitCondition(t, ns, "edge", metav1.ConditionFalse, ReasonNotPermitted)
+	must(t, k8s.Delete(ctx, getRoute(t, ns, "edge")))
+	eventually(t, "the route deleted", func() (bool, string) {
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "edge"}, &v1alpha1.ModelRoute{})
+		return apierrors.IsNotFound(err), "still there: " + errString(err)
+	})
+	if _, ok := cmKey(t, gw, "openresty", routeKey("edge")); !ok {
+		t.Fatal("the key was removed from a ConfigMap that no longer grants the route's namespace")
+	}
 }

@@ -215,9 +215,10 @@ func TestOutputForbidden(t *testing.T) {
 // TestMonitorNeverInNginxConfigMap: openresty includes every *.conf key of
 // its ConfigMap, so a monitor file there would break the shared nginx. A
 // route naming its own nginx ConfigMap in another form (name vs ns/name:
-// the API server cannot tell) writes no monitor file there; a route whose
-// monitor ConfigMap becomes another route's nginx ConfigMap removes the
-// monitor file it wrote and says so.
+// the API server's rules cannot read metadata.namespace, so it stores the
+// route) is InvalidSpec, as `autoconfig vet` and `cue vet` judge it, and
+// writes nothing; a route whose monitor ConfigMap becomes another route's
+// nginx ConfigMap removes the monitor file it wrote and says so.
 func TestMonitorNeverInNginxConfigMap(t *testing.T) {
 	ns := namespace(t, "moninngx")
 	startManager(t)
@@ -228,13 +229,15 @@ func TestMonitorNeverInNginxConfigMap(t *testing.T) {
 	createRoute(t, newRoute(ns, "self", "m", func(r *v1alpha1.ModelRoute) {
 		r.Spec.Monitor = &v1alpha1.Monitor{OutputConfigMap: ns + "/routes"}
 	}))
-	r := waitCondition(t, ns, "self", metav1.ConditionFalse, ReasonMonitorInNginxConfigMap)
-	if msg := findCond(r, TypeReady).Message; !strings.Contains(msg, "ModelRoute "+ns+"/self") {
-		t.Errorf("message: %s", msg)
+	r := waitCondition(t, ns, "self", metav1.ConditionFalse, ReasonInvalidSpec)
+	want := "spec.monitor.outputConfigMap: monitor.outputConfigMap is the nginx outputConfigMap (in the route's namespace " + ns + " both are ConfigMap " + ns + "/routes)"
+	if msg := findCond(r, TypeReady).Message; !strings.Contains(msg, want) {
+		t.Errorf("message: %s\nwant it to contain: %s", msg, want)
 	}
-	waitKey(t, ns, "routes", routeKey("self"), []string{host("10.40.0.1")}, nil)
-	if _, ok := cmKey(t, ns, "routes", "self.monitor.conf"); ok {
-		t.Error("monitor file written into the nginx ConfigMap")
+	for _, key := range []string{routeKey("self"), "self.monitor.conf"} {
+		if _, ok := cmKey(t, ns, "routes", key); ok {
+			t.Errorf("key %s written for an invalid route", key)
+		}
 	}
 
 	createRoute(t, newRoute(ns, "mon", "m", func(r *v1alpha1.ModelRoute) {
