@@ -66,6 +66,11 @@ func (rig *engineRig) install(t *testing.T, pods llmsim.Pods) {
 	for _, p := range pods {
 		eps = append(eps, Endpoint{IP: "127.0.0.1", Port: int32(p.Port()), Ready: true})
 	}
+	// The old workers leave once their connections are closed: the rig's
+	// idle keep-alive connections must not hold them.
+	if rig.client != nil {
+		rig.client.CloseIdleConnections()
+	}
 	install(t, rig.n, rig.route, Snapshot{Backends: eps})
 }
 

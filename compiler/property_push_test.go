@@ -162,11 +162,8 @@ func FuzzPushedTable(f *testing.F) {
 	for _, s := range []uint64{1, 2, 3, 42} {
 		f.Add(s, s*7919)
 	}
-	var p *pushRig
+	p := newPushRig(f)
 	f.Fuzz(func(t *testing.T, a, b uint64) {
-		if p == nil {
-			p = newPushRig(f)
-		}
 		r := rand.New(rand.NewPCG(a, b))
 		for range 4 {
 			p.check(t, genTable(r, "prop", p.port))
