@@ -682,10 +682,11 @@ func TestNginxEngineMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for i := 0; i < 8; i++ {
+		req := slow.Next("x") // a Conversation is not for concurrent use
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			llmsim.Chat(ctx, rig.client, rig.url(), slow.Next("x"), sessionID(1000+i))
+			llmsim.Chat(ctx, rig.client, rig.url(), req, sessionID(1000+i))
 		}()
 	}
 	deadline := time.Now().Add(10 * time.Second)
