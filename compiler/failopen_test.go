@@ -27,7 +27,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if snap, err = ParseSnapshot(snapSrc); err != nil {
+	if snap, err = ParseSnapshot("default.yaml", snapSrc); err != nil {
 		t.Fatal(err)
 	}
 	snap = normalized(snap) // as autoconfig compile does

@@ -28,6 +28,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
+	"github.com/modelsphere/autoconfig/schema/yamlscan"
 )
 
 // FS holds the CUE module: cue.mod/module.cue and the schema files.
@@ -109,9 +110,13 @@ func (p Problem) String() string {
 	return loc + ": " + p.Path + ": " + p.Message
 }
 
-// InvalidError is returned for a document that breaks the schema.
+// InvalidError is returned for a document that breaks the schema, repeats
+// a mapping key, or is in a file refused before parsing (too large or too
+// deeply nested).
 type InvalidError struct {
 	Problems []Problem
+
+	duplicates bool // Problems are repeated keys
 }
 
 func (e *InvalidError) Error() string {
@@ -170,12 +175,28 @@ func (d Document) Problem(path, message string) Problem {
 	return p
 }
 
+// routeDoc words the messages of a route file refused before parsing: a
+// ModelRoute needs fewer than 15 levels of nesting (spec.nginx.peers.0.…
+// is 5 deep, metadata.managedFields about 10) and is 1-5 KB.
+var routeDoc = yamlscan.Doc{Name: "a ModelRoute", Depth: 15, TooLarge: "split it into several files"}
+
 // ValidateStream validates every YAML document of src. A YAML syntax error
-// ends the stream with one Document carrying the error.
+// ends the stream with one Document carrying the error. A file larger than
+// yamlscan.MaxBytes or nested deeper than yamlscan.MaxDepth is refused
+// before any parser sees it (one Document with an *InvalidError), and so
+// is a file that is not UTF-8 (a *SyntaxError at the byte). A route whose
+// mappings repeat a key gets an *InvalidError naming each repeat and the
+// key it repeats, instead of the schema's verdict on whichever value the
+// parser kept.
 func (v *Validator) ValidateStream(filename string, src []byte) []Document {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	var docs []Document
+	if err := yamlscan.Check(src, routeDoc); err != nil {
+		var e *yamlscan.Error
+		errors.As(err, &e)
+		if e.Kind == yamlscan.NotUTF8 {
+			return []Document{{File: filename, Line: e.Line, Err: &SyntaxError{File: filename, Line: e.Line, Column: e.Column, Message: e.Message}}}
+		}
+		return []Document{{File: filename, Line: e.Line, Err: &InvalidError{Problems: []Problem{{File: filename, Line: e.Line, Column: e.Column, Message: e.Message}}}}}
+	}
 	if json.Valid(src) {
 		// A JSON document (kubectl get -o json) may hold U+FFFE and
 		// U+FFFF raw, which YAML (JSON's superset otherwise) refuses as
@@ -183,6 +204,44 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 		// strings, where the escapes mean the same.
 		src = bytes.ReplaceAll(bytes.ReplaceAll(src, []byte("\ufffe"), []byte(`\ufffe`)), []byte("\uffff"), []byte(`\uffff`))
 	}
+	v.mu.Lock()
+	docs := v.validateStream(filename, src)
+	v.mu.Unlock()
+	return withDuplicates(docs, src)
+}
+
+// withDuplicates replaces the verdict on every route document whose
+// mappings repeat a key by the repeats. The documents are found by line:
+// a repeat belongs to the last document starting before it.
+func withDuplicates(docs []Document, src []byte) []Document {
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	for {
+		var node yaml.Node
+		if err := dec.Decode(&node); err != nil {
+			// io.EOF, or a syntax error the documents already report
+			return docs
+		}
+		for _, d := range yamlscan.Duplicates(&node) {
+			i := len(docs) - 1
+			for i > 0 && docs[i].Line > d.Line {
+				i--
+			}
+			if i < 0 || docs[i].OtherKind != "" || docs[i].Line > d.Line {
+				continue
+			}
+			doc := &docs[i]
+			var inv *InvalidError
+			if doc.Route != nil || !errors.As(doc.Err, &inv) || !inv.duplicates {
+				inv = &InvalidError{duplicates: true}
+				doc.Route, doc.Err = nil, inv
+			}
+			inv.Problems = append(inv.Problems, Problem{File: doc.File, Line: d.Line, Column: d.Column, Path: d.Path, Message: d.Message()})
+		}
+	}
+}
+
+func (v *Validator) validateStream(filename string, src []byte) []Document {
+	var docs []Document
 	dec := cueyaml.NewDecoder(filename, bytes.NewReader(src))
 	for {
 		expr, err := extract(dec)

@@ -15,6 +15,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/cli"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/yamlscan"
 )
 
 func compileCommand() *cli.Command {
@@ -46,7 +47,9 @@ Output: -o text (default) prints each output after a header line
 {configMap, key, content}; --output-dir DIR writes each output to
 DIR/<namespace>/<configmap>/<key> instead. Warnings (e.g. a skipped peer
 tier) go to stderr. The snapshot format and the output formats are in
-docs/outputs.md.
+docs/outputs.md. A problem of the snapshot is file:line:column: field:
+message; the route, the snapshot and the base config are refused as by vet
+when larger than 4 MiB, not UTF-8 or nested deeper than 100 levels.
 Exit status: 0 rendered, 1 invalid route, snapshot or base config (or, from
 the cluster, a route the controller would not write), 2 usage error.
 `,
@@ -172,13 +175,21 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 		fmt.Fprintln(stderr, p.String())
 		return nil, cli.ExitCode(1)
 	}
-	snapSrc, _, err := readInput(o.endpoints, stdin)
+	snapSrc, snapName, err := readInput(o.endpoints, stdin)
 	if err != nil {
 		return nil, err
 	}
-	snap, err := compiler.ParseSnapshot(snapSrc)
+	snap, err := compiler.ParseSnapshot(snapName, snapSrc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", o.endpoints, err)
+		// file:line:column: field: message, one a line, as for the route
+		var se *compiler.SnapshotError
+		if errors.As(err, &se) {
+			for _, p := range se.Problems {
+				fmt.Fprintln(stderr, p)
+			}
+			return nil, cli.ExitCode(1)
+		}
+		return nil, err
 	}
 	res, err := compiler.Compile(&compiler.Route{Name: route.Name, Namespace: route.Namespace, Spec: route.Spec}, discovery.NormalizeSnapshot(snap), o.cluster.compileOptions())
 	if err != nil {
@@ -196,7 +207,7 @@ func compileFromFiles(o *compileOptions, stdin io.Reader, stderr io.Writer) ([]c
 			if o.baseCart == "" {
 				return nil, fmt.Errorf("spec.cart is set: pass the CART chart's config.yaml with --base-cart (autoconfig only rewrites its workers section)")
 			}
-			if current, err = os.ReadFile(o.baseCart); err != nil {
+			if current, err = readBaseCart(o.baseCart); err != nil {
 				return nil, err
 			}
 		}
@@ -279,4 +290,22 @@ func writeCompiled(o *compileOptions, outs []compiled, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "wrote %s\n", path)
 	}
 	return nil
+}
+
+// readBaseCart reads the --base-cart file, refused like every YAML file
+// autoconfig reads when it is too large, not UTF-8 or too deeply nested.
+func readBaseCart(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := readLimited(f) // an error names the file (*fs.PathError)
+	if err != nil {
+		return nil, err
+	}
+	if err := yamlscan.Check(b, yamlscan.Doc{Name: "a CART config", Depth: 10, TooLarge: "pass the CART chart's config.yaml"}); err != nil {
+		return nil, fmt.Errorf("--base-cart %s:%w", name, err)
+	}
+	return b, nil
 }

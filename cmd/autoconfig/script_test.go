@@ -2,6 +2,9 @@ package main
 
 import (
 	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -25,6 +28,7 @@ func TestScripts(t *testing.T) {
 		Dir:                 "../../testdata/script",
 		RequireExplicitExec: true,
 		UpdateScripts:       os.Getenv("AUTOCONFIG_UPDATE") == "1",
+		Cmds:                map[string]func(*testscript.TestScript, bool, []string){"gen": genFile},
 		Setup: func(env *testscript.Env) error {
 			root, err := os.Getwd()
 			if err != nil {
@@ -36,4 +40,31 @@ func TestScripts(t *testing.T) {
 			return nil
 		},
 	})
+}
+
+// repeat is a gen piece's trailing *N.
+var repeat = regexp.MustCompile(`\*(\d+)$`)
+
+// genFile is the script command `gen FILE PIECE...`: it writes FILE as the
+// pieces one after another, each with Go string escapes (\n, \xff) and an
+// optional trailing *N repeating it N times, so a script can make a file
+// of 200 KB or 4 MiB (or with bytes that are not UTF-8) without holding it:
+//
+//	gen deep.yaml 'spec: ' '[*100000' ']*100000' '\n'
+func genFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) < 2 {
+		ts.Fatalf("usage: gen FILE PIECE[*N]...")
+	}
+	var b strings.Builder
+	for _, a := range args[1:] {
+		n := 1
+		if m := repeat.FindStringSubmatchIndex(a); m != nil {
+			n, _ = strconv.Atoi(a[m[2]:m[3]])
+			a = a[:m[0]]
+		}
+		piece, err := strconv.Unquote(`"` + strings.ReplaceAll(a, `"`, `\"`) + `"`)
+		ts.Check(err)
+		b.WriteString(strings.Repeat(piece, n))
+	}
+	ts.Check(os.WriteFile(ts.MkAbs(args[0]), []byte(b.String()), 0o644))
 }

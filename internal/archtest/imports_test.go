@@ -75,6 +75,12 @@ func rules() []rule {
 			want: cue + "/go/cue",
 		},
 		{
+			pkg:  "schema/yamlscan",
+			why:  "the compiler and the schema both read user YAML through it: the standard library and yaml.v3 only",
+			deny: func(d string) bool { return !std(d) && d != self("schema/yamlscan") && d != "gopkg.in/yaml.v3" },
+			want: "gopkg.in/yaml.v3",
+		},
+		{
 			pkg:  "schema/v1alpha1",
 			why:  "the public API types need apimachinery only",
 			deny: func(d string) bool { return under(d, clientGo, controllerRT, cue, self("compiler"), self("internal")) },
@@ -133,7 +139,8 @@ var compilerDeps = []string{
 	self("compiler"),
 	self("schema/routespec"),
 	self("internal/endpoints"),
-	self("internal/peers"), // the peers table format (dynamic peers); std only
+	self("internal/peers"),  // the peers table format (dynamic peers); std only
+	self("schema/yamlscan"), // the pre-scan of user YAML (size, encoding, depth) and repeated keys; std and yaml.v3 only
 	"gopkg.in/yaml.v3",
 	"go.yaml.in/yaml/v2",
 	"sigs.k8s.io/yaml",

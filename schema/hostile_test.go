@@ -1,0 +1,210 @@
+package schema_test
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/yamlscan"
+)
+
+const routeHead = "apiVersion: routing.modelsphere.dev/v1alpha1\nkind: ModelRoute\nmetadata: {name: qwen}\n"
+
+// hostileShapes are 200 KB route files nested far deeper than a route
+// needs, each with the line and column where the pre-scan refuses it.
+func hostileShapes() []struct {
+	name, src string
+	line, col int
+} {
+	var keys strings.Builder
+	keys.WriteString(routeHead + "spec:\n")
+	for i := 1; keys.Len() < 200<<10; i++ {
+		fmt.Fprintf(&keys, "%sk:\n", strings.Repeat(" ", i))
+	}
+	return []struct {
+		name, src string
+		line, col int
+	}{
+		{"flow-100000", routeHead + "spec: " + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + "\n", 4, 106},
+		{"flow-maps-50000", routeHead + "spec: " + strings.Repeat("{a: ", 50000) + "1" + strings.Repeat("}", 50000) + "\n", 4, 403},
+		{"compact-sequences-100000", routeHead + "spec:\n" + strings.Repeat("- ", 100000) + "x\n", 5, 201},
+		{"block-keys", keys.String(), 104, 101},
+	}
+}
+
+// allocated is the bytes f allocates (runtime.MemStats.TotalAlloc).
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// A 200 KB file nested 100,000 deep is refused at the line and column
+// where it passes yamlscan.MaxDepth, before any YAML parser sees it: the
+// parsers' cost grows with the square of the nesting (goccy/go-yaml, which
+// locates syntax errors, allocated 14.7 GB on flow-100000).
+func TestValidateStreamDeepNesting(t *testing.T) {
+	v := mustValidator(t)
+	for _, s := range hostileShapes() {
+		t.Run(s.name, func(t *testing.T) {
+			var docs []schema.Document
+			n := allocated(func() { docs = v.ValidateStream("a.yaml", []byte(s.src)) })
+			if len(docs) != 1 {
+				t.Fatalf("%d documents, want 1", len(docs))
+			}
+			var inv *schema.InvalidError
+			if !errors.As(docs[0].Err, &inv) || len(inv.Problems) != 1 {
+				t.Fatalf("got %v, want one problem", docs[0].Err)
+			}
+			want := fmt.Sprintf("a.yaml:%d:%d: nesting deeper than 100 levels; a ModelRoute needs fewer than 15: is the file generated?", s.line, s.col)
+			if got := inv.Problems[0].String(); got != want {
+				t.Errorf("got  %s\nwant %s", got, want)
+			}
+			t.Logf("%d bytes: %d bytes allocated", len(s.src), n)
+			if n > 8<<20 {
+				t.Errorf("allocated %d bytes refusing a %d-byte file; the pre-scan keeps no more than a line", n, len(s.src))
+			}
+		})
+	}
+}
+
+// BenchmarkValidateStreamHostile reports the time and memory of refusing
+// the 200 KB nested files, and of a 200 KB file that is wide instead of
+// deep (passed to the parsers and the schema).
+func BenchmarkValidateStreamHostile(b *testing.B) {
+	v := mustValidator(b)
+	shapes := hostileShapes()
+	for _, s := range append(shapes, struct {
+		name, src string
+		line, col int
+	}{name: "wide-string", src: routeHead + "spec:\n  discovery: {service: qwen}\n  nginx: {outputConfigMap: conf, peers: [{use: backend}]}\n  note: \"" + strings.Repeat("[{", 100<<10) + "\"\n"}) {
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(s.src)))
+			for b.Loop() {
+				v.ValidateStream("a.yaml", []byte(s.src))
+			}
+		})
+	}
+}
+
+// A file of 200 KB that is big but flat is not refused by the depth limit:
+// it reaches the schema, which reports what is wrong with it.
+func TestValidateStreamBigFlatFile(t *testing.T) {
+	v := mustValidator(t)
+	src := routeHead + "spec:\n  discovery: {service: qwen}\n  nginx: {outputConfigMap: conf, peers: [{use: backend}]}\n  note: \"" + strings.Repeat("[{", 100<<10) + "\" # " + strings.Repeat("[", 1000) + "\n"
+	docs := v.ValidateStream("a.yaml", []byte(src))
+	var inv *schema.InvalidError
+	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) {
+		t.Fatalf("got %+v", docs)
+	}
+	if got := inv.Problems[0].String(); got != "a.yaml:7:3: spec.note: unknown field; remove it or check its spelling against the ModelRoute reference" {
+		t.Errorf("got %s", got)
+	}
+}
+
+func TestValidateStreamTooLarge(t *testing.T) {
+	v := mustValidator(t)
+	src := routeHead + "spec:\n  note: |\n" + strings.Repeat("    "+strings.Repeat("x", 95)+"\n", yamlscan.MaxBytes/100+1)
+	docs := v.ValidateStream("a.yaml", []byte(src))
+	var inv *schema.InvalidError
+	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) {
+		t.Fatalf("got %+v", docs)
+	}
+	p := inv.Problems[0]
+	// the line holding the first byte past the limit
+	if p.Line != 1+strings.Count(src[:yamlscan.MaxBytes], "\n") || !strings.HasPrefix(p.Message, "the file is larger than 4 MiB, the limit for one YAML file") {
+		t.Errorf("got %s", p)
+	}
+}
+
+func TestValidateStreamNotUTF8(t *testing.T) {
+	v := mustValidator(t)
+	docs := v.ValidateStream("a.yaml", []byte(routeHead+"spec:\n  discovery: {service: \"q\xffwen\"}\n"))
+	var syn *schema.SyntaxError
+	if len(docs) != 1 || !errors.As(docs[0].Err, &syn) {
+		t.Fatalf("got %+v", docs)
+	}
+	if want := "a.yaml:5:26: parse yaml: byte 0xff is not UTF-8: YAML files must be UTF-8 (or UTF-16 with a byte-order mark); save the file as UTF-8"; syn.Error() != want {
+		t.Errorf("got  %s\nwant %s", syn, want)
+	}
+	// UTF-16 with a byte-order mark is YAML: scanned, parsed and valid
+	u := []byte{0xff, 0xfe}
+	for _, r := range routeHead + "spec:\n  discovery: {service: qwen}\n  nginx: {outputConfigMap: conf, peers: [{use: backend}]}\n" {
+		u = append(u, byte(r), 0)
+	}
+	if docs := v.ValidateStream("a.yaml", u); len(docs) != 1 || docs[0].Err != nil {
+		t.Errorf("UTF-16: %+v", docs)
+	}
+}
+
+// A repeated mapping key is a problem at the repeat naming the first, with
+// the same value (which CUE would accept) or another (which CUE would
+// report as a conflict, misleadingly), in the document that holds it.
+func TestValidateStreamDuplicateKeys(t *testing.T) {
+	v := mustValidator(t)
+	ok := routeHead + "spec:\n  discovery: {service: qwen}\n  nginx: {outputConfigMap: conf, peers: [{use: backend}]}\n"
+	for _, c := range []struct {
+		name, src string
+		want      []string // the problems of each document, "" = valid
+	}{
+		{"same value", ok + "  discovery: {service: qwen}\n", []string{
+			`a.yaml:7:3: spec.discovery: key "discovery" repeats the one on line 5: a mapping holds each key once; delete one of them`}},
+		{"other value", ok + "  discovery: {service: other}\n", []string{
+			`a.yaml:7:3: spec.discovery: key "discovery" repeats the one on line 5: a mapping holds each key once; delete one of them`}},
+		{"in a list, on one line", strings.Replace(ok, "{use: backend}", "{use: backend, use: cart}", 1), []string{
+			`a.yaml:6:57: spec.nginx.peers.0.use: key "use" repeats the one on line 6 (column 43): a mapping holds each key once; delete one of them`}},
+		{"second document", ok + "---\n" + strings.Replace(ok, "metadata: {name: qwen}", "metadata: {name: b, name: b}", 1), []string{"",
+			`a.yaml:10:21: metadata.name: key "name" repeats the one on line 10 (column 12): a mapping holds each key once; delete one of them`}},
+		{"json", `{"apiVersion": "routing.modelsphere.dev/v1alpha1", "kind": "ModelRoute", "kind": "ModelRoute", "metadata": {"name": "a"}}`, []string{
+			`a.yaml:1:74: kind: key "kind" repeats the one on line 1 (column 52): a mapping holds each key once; delete one of them`}},
+		{"merge keys are no repeats", strings.Replace(ok, "  discovery: {service: qwen}\n", "  discovery:\n    <<: {service: qwen, port: 80}\n    port: 81\n", 1), []string{""}},
+		{"other kinds are not checked", "apiVersion: v1\nkind: Service\nkind: Service\n---\n" + ok, []string{"", ""}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			docs := v.ValidateStream("a.yaml", []byte(c.src))
+			var got []string
+			for _, d := range docs {
+				var inv *schema.InvalidError
+				switch {
+				case d.Err == nil:
+					got = append(got, "")
+				case errors.As(d.Err, &inv):
+					got = append(got, inv.Error())
+				default:
+					t.Fatalf("document at line %d: %v", d.Line, d.Err)
+				}
+			}
+			if strings.Join(got, "\n--\n") != strings.Join(c.want, "\n--\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n--\n"), strings.Join(c.want, "\n--\n"))
+			}
+		})
+	}
+}
+
+// The rule "each use may appear once" is linear in the peers: it was
+// pairwise, with one error per earlier twin (300 peers of one use, a 5 KB
+// file, allocated 950 MB in 47 s; now about 14 MB).
+func TestPeersUseOnceLinear(t *testing.T) {
+	v := mustValidator(t)
+	src := routeHead + "spec:\n  discovery: {service: qwen}\n  nginx:\n    outputConfigMap: conf\n    peers: [" + strings.Repeat("{use: backend}, ", 299) + "{use: backend}]\n"
+	var docs []schema.Document
+	n := allocated(func() { docs = v.ValidateStream("a.yaml", []byte(src)) })
+	var inv *schema.InvalidError
+	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) {
+		t.Fatalf("got %+v", docs)
+	}
+	if len(inv.Problems) != 299 || inv.Problems[298].String() != "a.yaml:8:4803: spec.nginx.peers.299.use: each use may appear once; backend is listed twice" {
+		t.Errorf("%d problems, the last %s", len(inv.Problems), inv.Problems[len(inv.Problems)-1])
+	}
+	t.Logf("300 peers: %d bytes allocated", n)
+	if n > 200<<20 {
+		t.Errorf("allocated %d bytes for 300 peers", n)
+	}
+}
