@@ -103,6 +103,8 @@ func (s *signalTrigger) fire(ctx context.Context, snap Snapshot, sv *serving) (n
 	}
 }
 
+// reloadFor signals the target for snap and records the attempt: the
+// metrics, one log line, and the onReload observer.
 func (s *signalTrigger) reloadFor(ctx context.Context, snap Snapshot) Outcome {
 	start := s.now()
 	o := s.reload(ctx, snap)
@@ -142,6 +144,8 @@ func (s *signalTrigger) reloadFor(ctx context.Context, snap Snapshot) Outcome {
 	return o
 }
 
+// reload finds the target, checks snap (unless that content passed
+// already), removes stale sockets, signals and verifies.
 func (s *signalTrigger) reload(ctx context.Context, snap Snapshot) Outcome {
 	procs, err := ListProcesses(s.procRoot)
 	if err != nil {
@@ -276,6 +280,8 @@ func (s *signalTrigger) waitNewChild(ctx context.Context, pid int, before []int)
 	}
 }
 
+// cleanSockets removes the stale sockets of --sock-dir (sockets.go),
+// logging each and counting the removed ones.
 func (s *signalTrigger) cleanSockets() {
 	refs, err := ReferencedSockets(s.dirs)
 	if err != nil {
