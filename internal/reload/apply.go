@@ -5,9 +5,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"maps"
 	"slices"
-	"strings"
+	"time"
 
 	"github.com/modelsphere/autoconfig/internal/peers"
 )
@@ -25,6 +26,41 @@ type Source interface {
 	Applied()
 }
 
+// applier, in API mode, writes the desired content of its Source into
+// the --write-dir (one of the watched directories), holding back the keys
+// whose new version fails the check (quarantine).
+type applier struct {
+	*env
+	source     Source
+	dir        string // --write-dir
+	check      *checker
+	writeFiles func(dir string, files map[string][]byte, now time.Time) (bool, error) // WriteAtomic; only tests replace it
+
+	// State, owned by Run's goroutine.
+	applied    map[string][]byte // the accepted content the --write-dir shows
+	appliedFor string            // version of the desired content applied
+	refusedFor string            // version whose check failed even without its changes
+	quarantine map[string]quarantined
+}
+
+// setSource makes r take its content from src, written into dir (one of its
+// watched directories): New does so with a ConfigMapSync for --configmap
+// and --write-dir.
+func setSource(r *Reloader, src Source, dir string) {
+	r.api = &applier{env: r.env, source: src, dir: dir, check: r.sig.check, writeFiles: WriteAtomic}
+	r.sig.quarantined = r.api.quarantinedKeys
+}
+
+// start reads what the --write-dir shows at start, taken as applied, and
+// returns the channel of the Source's changes.
+func (a *applier) start() (<-chan struct{}, error) {
+	var err error
+	if a.applied, err = readFiles(a.dir); err != nil {
+		return nil, fmt.Errorf("read --write-dir: %w", err)
+	}
+	return a.source.Changed(), nil
+}
+
 // quarantined is a key whose new version the check refused: its last good
 // version (or nothing, for a new key) stays on disk.
 type quarantined struct {
@@ -38,34 +74,34 @@ type quarantined struct {
 // new version causes it are found (one check per changed key at most) and
 // quarantined — their last good version stays — and the rest is written,
 // so one broken route never holds back the others.
-func (r *Reloader) apply(ctx context.Context, force bool) next {
-	desired, version, ok := r.source.Desired()
-	if !ok || (!force && (version == r.appliedFor || version == r.refusedFor)) {
+func (a *applier) apply(ctx context.Context, force bool) next {
+	desired, version, ok := a.source.Desired()
+	if !ok || (!force && (version == a.appliedFor || version == a.refusedFor)) {
 		// Applied, or refused as a whole (the check fails without its
 		// changes too): only a new version or the resync tries again —
 		// not the events of our own trial writes, which would otherwise
 		// repeat the search every debounce.
 		return nextDone
 	}
-	r.refusedFor = ""
-	if len(r.checkCmd) == 0 {
-		if err := r.write(desired); err != nil {
+	a.refusedFor = ""
+	if !a.check.enabled() {
+		if err := a.write(desired); err != nil {
 			return nextRetry
 		}
-		r.applied = desired
-	} else if n := r.search(ctx, desired); n != nextDone {
+		a.applied = desired
+	} else if n := a.search(ctx, desired); n != nextDone {
 		if n == nextResync {
-			r.refusedFor = version
+			a.refusedFor = version
 		}
 		return n
 	}
-	r.appliedFor = version
-	r.source.Applied()
+	a.appliedFor = version
+	a.source.Applied()
 	return nextDone
 }
 
-func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
-	changed := changedKeys(r.applied, desired)
+func (a *applier) search(ctx context.Context, desired map[string][]byte) next {
+	changed := changedKeys(a.applied, desired)
 	// Peers tables (dynamic peers) are no nginx configuration: the check
 	// says nothing about them and is not run for them (the engine checks
 	// a table when it is pushed). They are taken as they come.
@@ -77,15 +113,15 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 		}
 		return false
 	})
-	base := overlay(r.applied, desired, tables)
+	base := overlay(a.applied, desired, tables)
 	if len(changed) == 0 {
 		// Nothing new to check; a failed write may have left the links
 		// half done.
-		if err := r.write(base); err != nil {
+		if err := a.write(base); err != nil {
 			return nextRetry
 		}
-		r.applied = base
-		r.setQuarantine(desired, nil)
+		a.applied = base
+		a.setQuarantine(desired, nil)
 		return nextDone
 	}
 	accepted := base
@@ -94,15 +130,15 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 	// try writes accepted plus the desired version of keys and checks it.
 	try := func(keys []string) bool {
 		cand := overlay(accepted, desired, keys)
-		if writeErr = r.write(cand); writeErr != nil {
+		if writeErr = a.write(cand); writeErr != nil {
 			return false
 		}
-		snap, err := r.snapshot(r.dirs)
+		snap, err := a.snapshot(a.dirs)
 		if err != nil {
 			writeErr = err
 			return false
 		}
-		if err := r.check(ctx); err != nil {
+		if err := a.check.run(ctx); err != nil {
 			for _, k := range keys {
 				refused[k] = err.Error()
 			}
@@ -111,8 +147,8 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 			}
 			return false
 		}
-		if id, err := ContentID(r.dirs); err == nil && id == snap.ID {
-			r.checked = snap.Fingerprint
+		if id, err := ContentID(a.dirs); err == nil && id == snap.ID {
+			a.check.passed = snap.Fingerprint
 		}
 		accepted = cand
 		return true
@@ -149,81 +185,101 @@ func (r *Reloader) search(ctx context.Context, desired map[string][]byte) next {
 	// tried first, together, then each suspect alone.
 	var suspects, rest []string
 	for _, k := range changed {
-		if q, ok := r.quarantine[k]; ok && q.hash == versionHash(desired, k) {
+		if q, ok := a.quarantine[k]; ok && q.hash == versionHash(desired, k) {
 			suspects = append(suspects, k)
 		} else {
 			rest = append(rest, k)
 		}
 	}
 	if !one(rest, true) || !one(suspects, false) {
-		r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", writeErr)
+		a.log.Error("cannot write the configmap's keys; retrying", "dir", a.dir, "err", writeErr)
 		return nextRetry
 	}
 	if len(bad) == len(changed) && !try(nil) {
 		if writeErr != nil {
-			r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", writeErr)
+			a.log.Error("cannot write the configmap's keys; retrying", "dir", a.dir, "err", writeErr)
 			return nextRetry
 		}
 		// Not the new versions' fault: the check fails without them too.
-		r.metrics.Reloads.WithLabelValues(ResultCheckFailed).Inc()
-		r.log.Error("configuration check fails on the last good content too, so no key is to blame: nothing quarantined, nothing signalled; retried at the next change or resync",
+		a.metrics.Reloads.WithLabelValues(ResultCheckFailed).Inc()
+		a.log.Error("configuration check fails on the last good content too, so no key is to blame: nothing quarantined, nothing signalled; retried at the next change or resync",
 			"keys", changed, "err", refused[""])
-		r.setQuarantine(desired, nil)
+		a.setQuarantine(desired, nil)
 		return nextResync
 	}
 	// The last try may have failed: show the accepted content.
-	if err := r.write(accepted); err != nil {
+	if err := a.write(accepted); err != nil {
 		return nextRetry
 	}
-	r.applied = accepted
+	a.applied = accepted
 	q := make(map[string]quarantined, len(bad))
 	for _, k := range bad {
 		q[k] = quarantined{hash: versionHash(desired, k), err: refused[k]}
 	}
-	r.setQuarantine(desired, q)
+	a.setQuarantine(desired, q)
 	return nextDone
 }
 
 // setQuarantine replaces the quarantine with q, logging what entered and
 // left it.
-func (r *Reloader) setQuarantine(desired map[string][]byte, q map[string]quarantined) {
+func (a *applier) setQuarantine(desired map[string][]byte, q map[string]quarantined) {
 	for _, k := range slices.Sorted(maps.Keys(q)) {
-		if old, ok := r.quarantine[k]; ok && old.hash == q[k].hash {
+		if old, ok := a.quarantine[k]; ok && old.hash == q[k].hash {
 			continue
 		}
 		_, present := desired[k]
-		r.log.Error("quarantined: the new version of this key fails the check; its last good version stays and every other key is loaded",
+		a.log.Error("quarantined: the new version of this key fails the check; its last good version stays and every other key is loaded",
 			"key", k, "removal", !present, "err", q[k].err)
 	}
-	for _, k := range slices.Sorted(maps.Keys(r.quarantine)) {
+	for _, k := range slices.Sorted(maps.Keys(a.quarantine)) {
 		if _, ok := q[k]; !ok {
-			r.log.Info("released from quarantine: the key's current version is loaded", "key", k)
+			a.log.Info("released from quarantine: the key's current version is loaded", "key", k)
 		}
 	}
-	r.quarantine = q
-	r.metrics.QuarantinedKeys.Set(float64(len(q)))
+	a.quarantine = q
+	a.metrics.QuarantinedKeys.Set(float64(len(q)))
 }
 
-func (r *Reloader) quarantinedKeys() []string {
-	if len(r.quarantine) == 0 {
+func (a *applier) quarantinedKeys() []string {
+	if len(a.quarantine) == 0 {
 		return nil
 	}
-	return slices.Sorted(maps.Keys(r.quarantine))
+	return slices.Sorted(maps.Keys(a.quarantine))
+}
+
+// peersOnly reports whether the desired content differs from what is
+// applied in peers tables only (changed, never added or removed): a push
+// costs a millisecond and needs no check, so it need not wait for quiet.
+func (a *applier) peersOnly() bool {
+	desired, _, ok := a.source.Desired()
+	if !ok || len(desired) != len(a.applied) {
+		return false
+	}
+	changed := changedKeys(a.applied, desired)
+	if len(changed) == 0 {
+		return false
+	}
+	for _, k := range changed {
+		if _, in := a.applied[k]; !in || !peers.IsKey(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // write shows files in the --write-dir, counting the result.
-func (r *Reloader) write(files map[string][]byte) error {
-	changed, err := r.writeFiles(r.writeDir, files, r.now())
+func (a *applier) write(files map[string][]byte) error {
+	changed, err := a.writeFiles(a.dir, files, a.now())
 	switch {
 	case err != nil:
-		r.metrics.ConfigMapWrites.WithLabelValues("error").Inc()
-		r.log.Error("cannot write the configmap's keys; retrying", "dir", r.writeDir, "err", err)
+		a.metrics.ConfigMapWrites.WithLabelValues("error").Inc()
+		a.log.Error("cannot write the configmap's keys; retrying", "dir", a.dir, "err", err)
 	case changed:
-		r.metrics.ConfigMapWrites.WithLabelValues("written").Inc()
-		r.metrics.LastConfigMapWrite.Set(float64(r.now().Unix()))
-		r.log.Debug("wrote the configmap's keys", "dir", r.writeDir, "keys", len(files))
+		a.metrics.ConfigMapWrites.WithLabelValues("written").Inc()
+		a.metrics.LastConfigMapWrite.Set(float64(a.now().Unix()))
+		a.log.Debug("wrote the configmap's keys", "dir", a.dir, "keys", len(files))
 	default:
-		r.metrics.ConfigMapWrites.WithLabelValues("unchanged").Inc()
+		a.metrics.ConfigMapWrites.WithLabelValues("unchanged").Inc()
 	}
 	return err
 }
@@ -282,46 +338,4 @@ func ContentVersion(files map[string][]byte) string {
 		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-// failingKeys are the visible files of dirs that a check's output names
-// (nginx: "… in /etc/nginx/routes/<key>:3"), so a refused change in a
-// read-only mount still says which key to fix.
-func failingKeys(out string, dirs []string) []string {
-	var keys []string
-	for _, d := range dirs {
-		files, err := readFiles(d)
-		if err != nil {
-			continue
-		}
-		for k := range files {
-			if mentions(out, k) {
-				keys = append(keys, k)
-			}
-		}
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys)
-}
-
-// mentions reports whether out names file as a whole path element.
-func mentions(out, name string) bool {
-	for i := 0; ; {
-		j := strings.Index(out[i:], name)
-		if j < 0 {
-			return false
-		}
-		j += i
-		before := j == 0 || strings.ContainsRune("/ \t\"'(", rune(out[j-1]))
-		end := j + len(name)
-		after := end == len(out) || !isNameByte(out[end])
-		if before && after {
-			return true
-		}
-		i = j + 1
-	}
-}
-
-func isNameByte(c byte) bool {
-	return c == '_' || c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }

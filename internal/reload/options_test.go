@@ -152,8 +152,8 @@ func TestNewKeepsTheCallersOptions(t *testing.T) {
 	got := r.opts
 	if got.Debounce != 3*time.Second || got.MaxDelay != 3*time.Second || got.VerifyTimeout != DefaultVerifyTimeout ||
 		got.CheckTimeout != DefaultCheckTimeout || got.SockSweep != DefaultSockSweep || got.Resync != DefaultResync ||
-		got.RetryMax != DefaultRetryMax || got.ProcRoot != "/proc" || r.signal != syscall.SIGHUP || r.checkCmd != nil {
-		t.Fatalf("resolved options %+v, signal %v", got, r.signal)
+		got.RetryMax != DefaultRetryMax || got.ProcRoot != "/proc" || r.sig.signal != syscall.SIGHUP || r.sig.check.cmd != nil {
+		t.Fatalf("resolved options %+v, signal %v", got, r.sig.signal)
 	}
 	for _, bad := range []struct {
 		o    Options

@@ -67,7 +67,7 @@ type unserved struct {
 
 // pushed is what one pushKeys did.
 type pushed struct {
-	served   map[string]string // the keys served now: loadedKeys with each accepted key's new sum
+	served   map[string]string // the keys served now: serving.keys with each accepted key's new sum
 	tried    []string          // keys pushed or refused before the push
 	accepted []string
 	held     []string // not taken: the engine keeps its last table of these (or none)
@@ -93,30 +93,88 @@ type pushAnswer struct {
 	Error   string `json:"error"`
 }
 
-// controlPath is the engine's control socket ("" without --sock-dir).
-func (r *Reloader) controlPath() string {
-	if r.opts.SockDir == "" {
-		return ""
-	}
-	return filepath.Join(r.opts.SockDir, peers.ControlSocket)
+// pusher brings a change of peers tables only into the running engine
+// over its control socket (trigger), pushes every table again after a
+// reload and to a new master, and keeps each table's verdict.
+type pusher struct {
+	*env
+	path   string        // the engine's control socket ("" without --sock-dir)
+	resync time.Duration // --resync: the clock of a table waiting for its route
+	// onPush, nil outside tests, is called after each peers-only change
+	// was pushed, with the keys tried and those not taken (refused,
+	// waiting for their route).
+	onPush func(keys, refused []string)
+
+	// State, owned by Run's goroutine.
+	control  *http.Client        // to the engine's control socket
+	serial   int64               // last push serial
+	unserved map[string]unserved // peers key → why the engine does not hold its content on disk
+	ticks    int64               // resync ticks so far: the clock of a table waiting for its route
+	repush   bool                // a new target master (or the start): push every table again
+	// reloadedAt is the last verified reload (the old workers may still
+	// accept for a moment); reloadedConf identifies its route files
+	// (routeFilesID): a route the engine lacks after it is not added by
+	// another reload of the same files.
+	reloadedAt   time.Time
+	reloadedConf string
 }
 
-// takesPeers reports whether the engine listens on its control socket.
-func (r *Reloader) takesPeers() bool {
-	p := r.controlPath()
-	if p == "" {
-		return false
+var _ trigger = (*pusher)(nil)
+
+// newPusher is the pusher of the engine listening in sockDir ("" = none).
+func newPusher(e *env, sockDir string, resync time.Duration) *pusher {
+	p := &pusher{env: e, resync: resync, unserved: map[string]unserved{}}
+	if sockDir != "" {
+		p.path = filepath.Join(sockDir, peers.ControlSocket)
 	}
-	if _, err := os.Stat(p); err != nil {
-		return false
-	}
-	return ProbeSocket(p) == SocketLive
+	return p
 }
 
-func (r *Reloader) controlClient() *http.Client {
-	if r.control == nil {
-		path := r.controlPath()
-		r.control = &http.Client{
+// start takes the tables of snap, the content present at start, as what
+// the engine serves: the engine may have started with an older table
+// than the files show (or none), so they are all pushed once it listens.
+func (p *pusher) start(snap Snapshot) {
+	p.repush = len(peersKeys(snap.Keys)) > 0
+}
+
+// tick counts a resync tick.
+func (p *pusher) tick() { p.ticks++ }
+
+// newMaster records that the target's master changed (pid 0: none is
+// left): a new one gets every table, and a table waiting for its route
+// is pushed at the next resync, since the new master read the route
+// files afresh.
+func (p *pusher) newMaster(pid int) {
+	p.repush = p.repush || pid != 0
+	for k, u := range p.unserved {
+		if u.waiting {
+			u.due = p.ticks
+			p.unserved[k] = u
+		}
+	}
+}
+
+// reloaded records a verified reload of snap's route files.
+func (p *pusher) reloaded(snap Snapshot) {
+	p.reloadedAt = p.now()
+	p.reloadedConf = routeFilesID(snap.Keys)
+}
+
+// listening reports whether the engine listens on its control socket.
+func (p *pusher) listening() bool {
+	if p.path == "" {
+		return false
+	}
+	if _, err := os.Stat(p.path); err != nil {
+		return false
+	}
+	return ProbeSocket(p.path) == SocketLive
+}
+
+func (p *pusher) controlClient() *http.Client {
+	if p.control == nil {
+		path := p.path
+		p.control = &http.Client{
 			Timeout: pushTimeout,
 			Transport: &http.Transport{
 				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -132,14 +190,14 @@ func (r *Reloader) controlClient() *http.Client {
 			},
 		}
 	}
-	return r.control
+	return p.control
 }
 
 // nextSerial is a push serial larger than every earlier one of this
 // sidecar and, through the clock, of an earlier sidecar of this pod.
-func (r *Reloader) nextSerial() int64 {
-	s := max(r.now().UnixMilli(), r.serial+1)
-	r.serial = s
+func (p *pusher) nextSerial() int64 {
+	s := max(p.now().UnixMilli(), p.serial+1)
+	p.serial = s
 	return s
 }
 
@@ -147,27 +205,27 @@ func (r *Reloader) nextSerial() int64 {
 // the table's version. An engine holding a higher serial (pushed by this
 // pod's previous sidecar, whose serials ran ahead of the clock) refuses
 // with 409 and names it: the push is retried once above it.
-func (r *Reloader) push(ctx context.Context, t peers.Table, content []byte) error {
+func (p *pusher) push(ctx context.Context, t peers.Table, content []byte) error {
 	var stored int64
-	err := r.pushOnce(ctx, t, content, &stored)
+	err := p.pushOnce(ctx, t, content, &stored)
 	// Right after a reload a worker of the old generation may still take
 	// the connection (it closes its listeners only when it gets to its
 	// shutdown), and its lua state predates the reload's new routes
 	// (measured: a 404 9 ms after the new workers were seen). Ask again
 	// for a moment before concluding the engine lacks the route.
-	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && r.now().Sub(r.reloadedAt) < noRouteWindow; i++ {
+	for i := 0; errors.Is(err, errNoRoute) && i < noRouteRetries && p.now().Sub(p.reloadedAt) < noRouteWindow; i++ {
 		select {
 		case <-ctx.Done():
 			return err
 		case <-time.After(noRouteBackoff):
 		}
-		err = r.pushOnce(ctx, t, content, &stored)
+		err = p.pushOnce(ctx, t, content, &stored)
 	}
 	if !errors.Is(err, errOlderSerial) {
 		return err
 	}
-	r.serial = max(r.serial, stored)
-	return r.pushOnce(ctx, t, content, nil)
+	p.serial = max(p.serial, stored)
+	return p.pushOnce(ctx, t, content, nil)
 }
 
 // A push answered 404 within noRouteWindow of a reload is retried every
@@ -181,20 +239,20 @@ const (
 // errOlderSerial: the engine holds a table with a higher serial.
 var errOlderSerial = errors.New("the engine holds a newer serial")
 
-func (r *Reloader) pushOnce(ctx context.Context, t peers.Table, content []byte, stored *int64) error {
+func (p *pusher) pushOnce(ctx context.Context, t peers.Table, content []byte, stored *int64) error {
 	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://engine/peers/"+url.PathEscape(t.Route), bytes.NewReader(content))
 	if err != nil {
 		return err
 	}
-	serial := r.nextSerial()
+	serial := p.nextSerial()
 	if serial > peers.MaxSerial {
 		return fmt.Errorf("push %s: %w: its serial would be %d, above 2^53, the greatest an engine takes (the engine holds a serial pushed from a clock far ahead): restart the engine to clear it", t.Route, errRefused, serial)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(peers.SerialHeader, strconv.FormatInt(serial, 10))
-	resp, err := r.controlClient().Do(req)
+	resp, err := p.controlClient().Do(req)
 	if err != nil {
 		return fmt.Errorf("push %s: %w", t.Route, err)
 	}
@@ -222,8 +280,8 @@ func (r *Reloader) pushOnce(ctx context.Context, t peers.Table, content []byte, 
 
 // readKey reads key from the first watched directory holding it and
 // checks it is the content the snapshot saw (sum).
-func (r *Reloader) readKey(key, sum string) ([]byte, error) {
-	for _, d := range r.dirs {
+func (p *pusher) readKey(key, sum string) ([]byte, error) {
+	for _, d := range p.dirs {
 		b, err := os.ReadFile(filepath.Join(d, key))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -268,21 +326,21 @@ func onlyPeersChanged(loaded, now map[string]string) (changed []string, ok bool)
 // waiting for its route until its next push is due (unless all, after a
 // reload or to a new master). It fails only with errContentMoved (the
 // directories moved: nothing more is pushed).
-func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string, all bool) (pushed, error) {
-	out := pushed{served: maps.Clone(r.loadedKeys)}
+func (p *pusher) pushKeys(ctx context.Context, snap Snapshot, sv *serving, keys []string, all bool) (pushed, error) {
+	out := pushed{served: maps.Clone(sv.keys)}
 	if out.served == nil {
 		out.served = map[string]string{}
 	}
 	conf := routeFilesID(snap.Keys)
 	for _, k := range keys {
 		sum := snap.Keys[k]
-		u, known := r.unserved[k]
-		if known && u.sum == sum && (u.result == PushInvalid || u.waiting && !all && r.ticks < u.due) {
+		u, known := p.unserved[k]
+		if known && u.sum == sum && (u.result == PushInvalid || u.waiting && !all && p.ticks < u.due) {
 			out.held = append(out.held, k)
 			continue
 		}
-		start := r.now()
-		b, err := r.readKey(k, sum)
+		start := p.now()
+		b, err := p.readKey(k, sum)
 		if errors.Is(err, errContentMoved) {
 			return out, err
 		}
@@ -292,52 +350,52 @@ func (r *Reloader) pushKeys(ctx context.Context, snap Snapshot, keys []string, a
 			if t, err = peers.ParseFile(k, b); err != nil {
 				res = PushInvalid
 			} else {
-				err = r.push(ctx, t, b)
+				err = p.push(ctx, t, b)
 				res = pushResult(err)
-				r.metrics.PushDuration.Observe(r.now().Sub(start).Seconds())
+				p.metrics.PushDuration.Observe(p.now().Sub(start).Seconds())
 			}
 		}
-		r.metrics.Pushes.WithLabelValues(res).Inc()
+		p.metrics.Pushes.WithLabelValues(res).Inc()
 		out.tried = append(out.tried, k)
 		v := unserved{sum: sum, result: res}
 		switch {
 		case res == PushAccepted:
 			out.served[k] = sum
 			out.accepted = append(out.accepted, k)
-			r.accepted[t.Route] = t.Version
+			sv.peers[t.Route] = t.Version
 			if known {
-				r.log.Info("peers table taken: the engine serves its current version", "key", k, "route", t.Route, "version", t.Version, "before", u.result)
-				delete(r.unserved, k)
+				p.log.Info("peers table taken: the engine serves its current version", "key", k, "route", t.Route, "version", t.Version, "before", u.result)
+				delete(p.unserved, k)
 			}
-			r.log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", r.now().Sub(start).Round(time.Microsecond))
+			p.log.Debug("peers pushed", "key", k, "route", t.Route, "version", t.Version, "peers", t.Peers(), "elapsed", p.now().Sub(start).Round(time.Microsecond))
 			continue
-		case res == PushNoRoute && conf != r.reloadedConf:
+		case res == PushNoRoute && conf != p.reloadedConf:
 			// The target has not loaded these route files since this
 			// sidecar started (or not at all): a reload may add the route.
 			out.reload = append(out.reload, k)
-			r.log.Debug("the engine has no route for this table; a reload of the route files on disk may bring it", "key", k, "route", t.Route)
+			p.log.Debug("the engine has no route for this table; a reload of the route files on disk may bring it", "key", k, "route", t.Route)
 		case res == PushNoRoute:
 			v.waiting, v.every = true, 1
 			if known && u.waiting {
-				v.every = min(2*u.every, max(1, int64(noRouteMaxWait/r.opts.Resync)))
+				v.every = min(2*u.every, max(1, int64(noRouteMaxWait/p.resync)))
 			}
-			v.due = r.ticks + v.every
+			v.due = p.ticks + v.every
 			if !known || !u.waiting {
-				r.log.Error("peers table waits for its route: the engine has no such route although it loaded the route files on disk (is the route file missing, quarantined or refused by the check?); not reloading for it again; pushed again after the next reload, and at resync ticks with a backoff doubling up to "+noRouteMaxWait.String(),
+				p.log.Error("peers table waits for its route: the engine has no such route although it loaded the route files on disk (is the route file missing, quarantined or refused by the check?); not reloading for it again; pushed again after the next reload, and at resync ticks with a backoff doubling up to "+noRouteMaxWait.String(),
 					"key", k, "route", t.Route, "err", err)
 			} else {
-				r.log.Debug("peers table still waits for its route", "key", k, "route", t.Route, "next in resyncs", v.every)
+				p.log.Debug("peers table still waits for its route", "key", k, "route", t.Route, "next in resyncs", v.every)
 			}
 		case known && u.result == res && u.sum == sum:
 			// The same verdict on the same content: logged already.
-			r.log.Debug("peers table still not taken", "key", k, "result", res, "err", err)
+			p.log.Debug("peers table still not taken", "key", k, "result", res, "err", err)
 		case res == PushInvalid:
-			r.log.Error("peers table refused before pushing: the engine would not take it, or it names another route than its key; the engine keeps its last good table of the route; pushed again when the file changes",
+			p.log.Error("peers table refused before pushing: the engine would not take it, or it names another route than its key; the engine keeps its last good table of the route; pushed again when the file changes",
 				"key", k, "err", err)
 		default:
-			r.log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", err)
+			p.log.Error("peers table not taken; the engine keeps picking from its last good table; retried at the next change or resync", "key", k, "result", res, "err", err)
 		}
-		r.unserved[k] = v
+		p.unserved[k] = v
 		if v.result != PushNoRoute || v.waiting {
 			out.held = append(out.held, k)
 		}
@@ -361,17 +419,17 @@ func pushResult(err error) string {
 
 // keepUnserved forgets the verdicts of tables no longer in keys and sets
 // the peers_tables_unserved gauge.
-func (r *Reloader) keepUnserved(keys map[string]string) {
+func (p *pusher) keepUnserved(keys map[string]string) {
 	n := map[string]int{}
-	for k, u := range r.unserved {
+	for k, u := range p.unserved {
 		if _, ok := keys[k]; !ok {
-			delete(r.unserved, k)
+			delete(p.unserved, k)
 			continue
 		}
 		n[u.result]++
 	}
 	for _, res := range []string{PushInvalid, PushNoRoute, PushRefused, PushError} {
-		r.metrics.PeersUnserved.WithLabelValues(res).Set(float64(n[res]))
+		p.metrics.PeersUnserved.WithLabelValues(res).Set(float64(n[res]))
 	}
 }
 
@@ -405,50 +463,55 @@ func peersKeys(keys map[string]string) []string {
 
 // pushAll pushes every table of snap (after a reload), also those waiting
 // for their route. ok is false when a table is not served.
-func (r *Reloader) pushAll(ctx context.Context, snap Snapshot) (servedKeys map[string]string, ok bool) {
+func (p *pusher) pushAll(ctx context.Context, snap Snapshot, sv *serving) (servedKeys map[string]string, ok bool) {
 	keys := peersKeys(snap.Keys)
-	if len(keys) == 0 || !r.takesPeers() {
+	if len(keys) == 0 || !p.listening() {
 		return nil, true
 	}
-	out, err := r.pushKeys(ctx, snap, keys, true)
-	r.keepUnserved(snap.Keys)
+	out, err := p.pushKeys(ctx, snap, sv, keys, true)
+	p.keepUnserved(snap.Keys)
 	if err != nil {
-		r.log.Info("the directories changed while their peers tables were pushed; looking again", "err", err)
+		p.log.Info("the directories changed while their peers tables were pushed; looking again", "err", err)
 		return out.served, false
 	}
 	return out.served, len(out.held)+len(out.reload) == 0
 }
 
-// pushFor brings a peers-only change to the engine. It returns nextDone
+// fire implements trigger: it takes a change of only peers tables while
+// the engine listens, and brings it to the engine. It returns nextDone
 // when every table was accepted, nextResync when one was not (its verdict
-// says when it is pushed again), and ok false when a reload must come
+// says when it is pushed again), and taken false when a reload must come
 // first: the engine lacks a route and has not loaded the route files on
 // disk since this sidecar started.
-func (r *Reloader) pushFor(ctx context.Context, snap Snapshot, keys []string) (next, bool) {
-	start := r.now()
-	out, err := r.pushKeys(ctx, snap, keys, false)
+func (p *pusher) fire(ctx context.Context, snap Snapshot, sv *serving) (next, bool) {
+	keys, ok := onlyPeersChanged(sv.keys, snap.Keys)
+	if !ok || len(keys) == 0 || !p.listening() {
+		return nextDone, false
+	}
+	start := p.now()
+	out, err := p.pushKeys(ctx, snap, sv, keys, false)
 	if err != nil {
 		return nextSettle, true
 	}
 	if len(out.reload) > 0 {
-		r.log.Info("the engine does not know the route of these peers tables; reloading once (if the reloaded route files do not add it, the tables wait for their route without more reloads)", "keys", out.reload)
+		p.log.Info("the engine does not know the route of these peers tables; reloading once (if the reloaded route files do not add it, the tables wait for their route without more reloads)", "keys", out.reload)
 		return nextDone, false
 	}
-	r.loadedKeys = out.served
+	sv.keys = out.served
 	if len(out.held) == 0 {
-		r.loaded = snap.Fingerprint
+		sv.loaded = snap.Fingerprint
 	}
-	r.keepUnserved(snap.Keys)
+	p.keepUnserved(snap.Keys)
 	if len(out.accepted) > 0 {
-		r.log.Info("peers pushed: no reload", "keys", len(out.accepted), "not taken", out.held, "elapsed", r.now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
-		if r.report != nil {
-			r.report(r.servedReportKeys(out.served, served.HowPush))
+		p.log.Info("peers pushed: no reload", "keys", len(out.accepted), "not taken", out.held, "elapsed", p.now().Sub(start).Round(time.Microsecond), "content", shortFP(snap.Fingerprint))
+		if p.report != nil {
+			p.report(sv.report(served.HowPush, p.now()))
 		}
 	} else {
-		r.log.Debug("no peers table taken", "not taken", out.held)
+		p.log.Debug("no peers table taken", "not taken", out.held)
 	}
-	if r.onPush != nil && len(out.tried) > 0 {
-		r.onPush(out.tried, out.held)
+	if p.onPush != nil && len(out.tried) > 0 {
+		p.onPush(out.tried, out.held)
 	}
 	if len(out.held) > 0 {
 		return nextResync, true
@@ -456,83 +519,51 @@ func (r *Reloader) pushFor(ctx context.Context, snap Snapshot, keys []string) (n
 	return nextDone, true
 }
 
-// servedReportKeys is the report of what the engine serves: keys by their
-// full hash, and the peers versions it acknowledged.
-func (r *Reloader) servedReportKeys(keys map[string]string, how string) served.Report {
-	rep := servedReport(Snapshot{Keys: keys}, how, r.now())
-	if len(r.accepted) > 0 {
-		rep.Peers = maps.Clone(r.accepted)
-	}
-	return rep
-}
-
 // repushAll pushes every table the target serves to a new master (or at
-// start, once the engine listens). It stays due while a push gets no
-// answer; a table the engine does not take is no longer counted as served,
-// and the next resync treats it as a change (with its verdict).
-func (r *Reloader) repushAll(ctx context.Context) {
-	if !r.takesPeers() {
+// start, once the engine listens), if one is due. It stays due while a
+// push gets no answer; a table the engine does not take is no longer
+// counted as served, and the next resync treats it as a change (with its
+// verdict).
+func (p *pusher) repushAll(ctx context.Context, sv *serving) {
+	if !p.repush || !p.listening() {
 		return
 	}
-	snap, err := r.snapshot(r.dirs)
+	snap, err := p.snapshot(p.dirs)
 	if err != nil {
 		return
 	}
 	var keys []string
 	for _, k := range peersKeys(snap.Keys) {
-		if r.loadedKeys[k] == snap.Keys[k] {
+		if sv.keys[k] == snap.Keys[k] {
 			keys = append(keys, k)
 		}
 	}
-	out, err := r.pushKeys(ctx, snap, keys, true)
+	out, err := p.pushKeys(ctx, snap, sv, keys, true)
 	if err != nil {
-		r.log.Info("the directories changed while the peers tables were pushed to the engine; retrying at the next sweep", "err", err)
+		p.log.Info("the directories changed while the peers tables were pushed to the engine; retrying at the next sweep", "err", err)
 		return
 	}
 	retry := false
 	var dropped []string
 	for _, k := range append(out.held, out.reload...) {
-		if r.unserved[k].result == PushError {
+		if p.unserved[k].result == PushError {
 			retry = true
 			continue
 		}
-		delete(r.loadedKeys, k)
+		delete(sv.keys, k)
 		dropped = append(dropped, k)
 	}
-	r.keepUnserved(snap.Keys)
+	p.keepUnserved(snap.Keys)
 	if len(dropped) > 0 {
-		r.loaded = ""
-		if r.report != nil {
-			r.report(r.servedReportKeys(r.loadedKeys, served.HowPush))
+		sv.loaded = ""
+		if p.report != nil {
+			p.report(sv.report(served.HowPush, p.now()))
 		}
 	}
 	if retry {
-		r.log.Debug("peers tables not all pushed to the engine; retrying at the next sweep", "tables", len(keys))
+		p.log.Debug("peers tables not all pushed to the engine; retrying at the next sweep", "tables", len(keys))
 		return
 	}
-	r.repush = false
-	r.log.Info("peers tables pushed to the engine", "tables", len(out.accepted), "not taken", dropped)
-}
-
-// peersOnlyDesired reports, in API mode with the engine on its control
-// socket, whether the desired content differs from what is applied in
-// peers tables only (changed, never added or removed).
-func (r *Reloader) peersOnlyDesired() bool {
-	if r.source == nil || r.opts.SockDir == "" {
-		return false
-	}
-	desired, _, ok := r.source.Desired()
-	if !ok || len(desired) != len(r.applied) {
-		return false
-	}
-	changed := changedKeys(r.applied, desired)
-	if len(changed) == 0 {
-		return false
-	}
-	for _, k := range changed {
-		if _, in := r.applied[k]; !in || !peers.IsKey(k) {
-			return false
-		}
-	}
-	return r.takesPeers()
+	p.repush = false
+	p.log.Info("peers tables pushed to the engine", "tables", len(out.accepted), "not taken", dropped)
 }

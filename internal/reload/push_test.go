@@ -135,7 +135,7 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	var rep reports
 	pushed := make(chan []string, 10)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond},
-		reportTo(rep.add), func(r *Reloader) { r.onPush = func(keys, _ []string) { pushed <- keys } })
+		reportTo(rep.add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
 	// At start the tables are pushed once the engine listens.
 	_, v0 := table(t, "r", "10.0.0.1")
 	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
@@ -190,7 +190,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	refusals := make(chan []string, 100)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
 		reportTo(rep.add), func(r *Reloader) {
-			r.onPush = func(_, refused []string) {
+			r.push.onPush = func(_, refused []string) {
 				select {
 				case refusals <- refused:
 				default:

@@ -54,7 +54,7 @@ func startReloader(t *testing.T, o Options, set ...func(*Reloader)) *harness {
 		f(r)
 	}
 	h := &harness{r: r}
-	r.onReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
+	r.sig.onReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
 	r.onSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -77,7 +77,7 @@ func startReloader(t *testing.T, o Options, set ...func(*Reloader)) *harness {
 // watched directories), as New does with a ConfigMapSync for --configmap
 // and --write-dir.
 func apiMode(src Source, dir string) func(*Reloader) {
-	return func(r *Reloader) { r.source, r.writeDir = src, dir }
+	return func(r *Reloader) { setSource(r, src, dir) }
 }
 
 // reportTo gives r's served reports to f, as New does to a PodReporter for

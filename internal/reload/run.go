@@ -113,11 +113,14 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Reloader, 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	r := &Reloader{
-		opts: o, dirs: o.WatchDirs, checkCmd: check, signal: sig, log: log, metrics: NewMetrics(reg),
-		self: os.Getpid(), signaller: KillSignaller{}, now: time.Now, writeFiles: WriteAtomic, snapshot: TakeSnapshot,
-		started: make(chan struct{}),
+	e := &env{dirs: o.WatchDirs, log: log, metrics: NewMetrics(reg), now: time.Now, snapshot: TakeSnapshot}
+	r := &Reloader{env: e, opts: o, push: newPusher(e, o.SockDir, o.Resync), started: make(chan struct{})}
+	r.sig = &signalTrigger{
+		env: e, procRoot: o.ProcRoot, process: o.Process, sockDir: o.SockDir, verifyTimeout: o.VerifyTimeout,
+		signal: sig, check: &checker{cmd: check, timeout: o.CheckTimeout}, push: r.push,
+		self: os.Getpid(), kill: KillSignaller{},
 	}
+	r.triggers = []trigger{r.push, r.sig}
 	var cs kubernetes.Interface
 	if o.ConfigMap != "" || o.PodName != "" {
 		cfg, err := kubeclient.Config(o.Kubeconfig, "")
@@ -144,7 +147,7 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Reloader, 
 			return nil, fmt.Errorf("--write-dir: %w", err)
 		}
 		r.cmSync = &ConfigMapSync{Client: cs, Namespace: ns, Name: name, Resync: o.Resync, Log: log, Synced: make(chan struct{})}
-		r.source, r.writeDir = r.cmSync, o.WriteDir
+		setSource(r, r.cmSync, o.WriteDir)
 		r.dirs = append(r.dirs, o.WriteDir)
 	}
 	for _, d := range r.dirs {

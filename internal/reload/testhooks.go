@@ -14,7 +14,7 @@ type TestHooks struct {
 // SetTestHooks installs h; call it before Run. For tests only.
 func (r *Reloader) SetTestHooks(h TestHooks) {
 	if h.Signaller != nil {
-		r.signaller = h.Signaller
+		r.sig.kill = h.Signaller
 	}
-	r.onReload = h.OnReload
+	r.sig.onReload = h.OnReload
 }
