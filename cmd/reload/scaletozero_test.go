@@ -319,7 +319,9 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	// idleAfter: back to 0 after idle (+ one step at most), not before.
 	last := t0
 	for _, a := range answers {
-		last = max(last, a.sent)
+		if a.sent.After(last) {
+			last = a.sent
+		}
 	}
 	reloadtest.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
 		_, slept, _ := w.times()
