@@ -103,7 +103,7 @@ const DefaultMaxConcurrentReconciles = 128
 // per route a finalizer patch, a status patch and an event, plus the
 // ConfigMap patches and reads: about 3,200-3,600 requests for 1000 routes
 // in 10 ConfigMaps. Measured (hack/scale, 1000x10, 2000 pods, shared
-// 2-core machine, docs/performance.md): initial sync 39.8 s at 50/100,
+// 2-core machine, docs/performance-history.md): initial sync 39.8 s at 50/100,
 // 28.0 and 32.0 s at 200/400, 20.0 s at 500/1000, 18.6 and 15.8 s with no
 // client-side limit: below 500 QPS the client, not the server, paces it.
 // The API server's Priority and Fairness is what protects the server (it

@@ -77,7 +77,7 @@ func Set(root string, ratio float64) (int64, string, error) {
 // 26 MB at 1000 routes over 10,000 pods) and its CPU mostly idle, so the
 // Go default of 100 — a heap twice the live data — spends memory to save
 // CPU that is not scarce. 50 keeps the heap at 1.5× its live data; the GC
-// runs about twice as often (docs/performance.md has the measurement).
+// runs about twice as often (docs/performance-history.md has the measurement).
 const DefaultGCPercent = 50
 
 // SetGCPercent sets GOGC to percent unless the GOGC environment variable
@@ -104,7 +104,7 @@ func SetGCPercent(percent int) string {
 // 1000 routes over 10,000 pods that was 10–15 MiB above what GOGC 50
 // accounts for. A limit at 1.5× the largest live data makes the scavenger
 // return it promptly and caps the bursts, for 1.5–2 s more CPU in a
-// 1000-route start-up (docs/performance.md has the measurements).
+// 1000-route start-up (docs/performance-history.md has the measurements).
 const DefaultLiveRatio = 1.5
 
 // DefaultLiveFloor is the least soft limit Follow sets: the limit never
