@@ -25,8 +25,8 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
-	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
