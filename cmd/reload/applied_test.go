@@ -164,7 +164,7 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	must(t, err)
 	v, err := schema.Default()
 	must(t, err)
-	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}}
+	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}, Recorder: mgr.GetEventRecorder(controller.Name)}
 	mctx, cancel := context.WithCancel(ctx)
 	must(t, r.SetupWithManager(mctx, mgr, 4))
 	done := make(chan error, 1)

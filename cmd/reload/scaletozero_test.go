@@ -227,22 +227,20 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	}
 	ctl := control(e.n0)
 	// enginePeers is the number of peers the engine holds for qwen (-1:
-	// no table).
+	// no table), from GET /peers/qwen on its control socket.
 	enginePeers := func() int {
 		resp, err := ctl.Get("http://engine/peers/qwen")
 		if err != nil {
 			return -1
 		}
 		defer resp.Body.Close()
-		var tab peers.Table
-		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&tab) != nil {
+		var a struct {
+			Peers *int `json:"peers"`
+		}
+		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&a) != nil || a.Peers == nil {
 			return -1
 		}
-		n := 0
-		for _, tr := range tab.Tiers {
-			n += len(tr.Peers)
-		}
-		return n
+		return *a.Peers
 	}
 	atZero := func(what string) {
 		t.Helper()
@@ -287,7 +285,13 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	select {
 	case served = <-servedAt:
 	case <-time.After(wait):
-		t.Fatal("the engine never took the woken pod's endpoint")
+		woke, _, up := w.times()
+		var d appsv1.Deployment
+		_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen"}, &d)
+		var pod corev1.Pod
+		_ = k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "openresty-0"}, &pod)
+		t.Fatalf("the engine never took the woken pod's endpoint: answers %+v, woken %v, up %v, replicas %v, route status %+v, pod annotations %v",
+			answers, woke, up, d.Spec.Replicas, route("qwen").Status.Conditions, pod.Annotations)
 	}
 	woke, _, up := w.times()
 	if len(woke) != 1 || len(up) != 1 {

@@ -135,7 +135,7 @@ func nextDemand(prev, now map[string]served.Demand, step time.Duration) (map[str
 	changed := len(prev) != len(now)
 	for route, n := range now {
 		p, had := prev[route]
-		out := served.Demand{Waiting: n.Waiting, Last: p.Last}
+		out := served.Demand{Waiting: n.Waiting, Last: p.Last, StepSeconds: step.Seconds()}
 		if !n.Last.IsZero() && (p.Last.IsZero() || n.Last.Sub(p.Last) >= step) {
 			out.Last = n.Last.Truncate(time.Second)
 		}

@@ -37,6 +37,19 @@ func TestNextDemand(t *testing.T) {
 		{"a route goes", m{"q": {Last: d0}, "r": {}}, m{"q": {Last: d0}}, m{"q": {Last: d0}}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			// Every reported entry carries the step.
+			withStep := func(in m) m {
+				if in == nil {
+					return nil
+				}
+				out := m{}
+				for k, v := range in {
+					v.StepSeconds = step.Seconds()
+					out[k] = v
+				}
+				return out
+			}
+			c.prev, c.want = withStep(c.prev), withStep(c.want)
 			got, changed := nextDemand(c.prev, c.now, step)
 			if changed != c.changed || len(got) != len(c.want) {
 				t.Fatalf("got %v changed %v, want %v changed %v", got, changed, c.want, c.changed)
@@ -83,7 +96,7 @@ func TestDemandPollerIntoReport(t *testing.T) {
 	defer cancel()
 	go p.Run(ctx)
 	first := <-got
-	if want := (served.Demand{Waiting: 3, Last: time.Unix(1796299200, 0).UTC()}); first["qwen"] != want {
+	if want := (served.Demand{Waiting: 3, Last: time.Unix(1796299200, 0).UTC(), StepSeconds: 10}); first["qwen"] != want {
 		t.Fatalf("demand %+v, want %+v", first["qwen"], want)
 	}
 	rep.mu.Lock()

@@ -46,6 +46,7 @@ func Aggregate(reports []served.Report, route string) served.Demand {
 		if rd.Last.After(d.Last) {
 			d.Last = rd.Last
 		}
+		d.StepSeconds = max(d.StepSeconds, rd.StepSeconds)
 	}
 	return d
 }
@@ -67,8 +68,8 @@ type Input struct {
 	Awake time.Time
 	// Now is the time of the decision.
 	Now time.Time
-	// Granularity is the step of the reported last request
-	// (served.DemandGranularity unless the sidecars are told otherwise).
+	// Granularity is the step of the reported last request when the
+	// reports do not say (Demand.StepSeconds).
 	Granularity time.Duration
 }
 
@@ -126,7 +127,11 @@ func Decide(in Input) Decision {
 	if last.IsZero() {
 		return Decision{}
 	}
-	deadline := last.Add(idle + in.Granularity)
+	step := in.Granularity
+	if in.Demand.StepSeconds > 0 {
+		step = time.Duration(in.Demand.StepSeconds * float64(time.Second))
+	}
+	deadline := last.Add(idle + step)
 	if in.Now.Before(deadline) {
 		return Decision{After: deadline.Sub(in.Now)}
 	}

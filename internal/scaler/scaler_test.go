@@ -48,6 +48,7 @@ func TestDecide(t *testing.T) {
 		{"just woken: idle counts from the wake", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Awake: t0.Add(time.Hour), Now: t0.Add(time.Hour + 30*time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
 		{"no request ever, never woken: left alone", Input{Spec: spec("60s"), Replicas: 2, Now: t0, Granularity: g}, Decision{}},
 		{"another autoscaler: idleAfter refused", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(time.Hour), Autoscalers: []string{"ScaledObject/qwen"}, Granularity: g}, Decision{IdleRefused: []string{"ScaledObject/qwen"}}},
+		{"the reports' own step", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0, StepSeconds: 1}, Now: t0.Add(61 * time.Second), Granularity: g}, Decision{Scale: true, Replicas: 0}},
 		{"minutes", Input{Spec: spec("2m"), Replicas: 1, Demand: served.Demand{Last: t0}, Now: t0.Add(2*time.Minute + 9*time.Second), Granularity: g}, Decision{After: time.Second}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -66,7 +67,8 @@ func TestAggregate(t *testing.T) {
 		{Demand: map[string]served.Demand{"qwen": {Waiting: 1, Last: t0.Add(time.Minute)}}},
 		{},
 	}
-	if got, want := Aggregate(reports, "qwen"), (served.Demand{Waiting: 3, Last: t0.Add(time.Minute)}); got != want {
+	reports[1].Demand["qwen"] = served.Demand{Waiting: 1, Last: t0.Add(time.Minute), StepSeconds: 2}
+	if got, want := Aggregate(reports, "qwen"), (served.Demand{Waiting: 3, Last: t0.Add(time.Minute), StepSeconds: 2}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 	if got := Aggregate(reports, "none"); got != (served.Demand{}) {

@@ -81,6 +81,10 @@ type Demand struct {
 	// at least that much later, so the true last request is never more
 	// than DemandGranularity after Last. Zero = no request yet.
 	Last time.Time `json:"last,omitzero"`
+	// StepSeconds is the sidecar's step of Last (--demand-granularity),
+	// so the controller knows how much later the true last request may
+	// be; 0 = DemandGranularity.
+	StepSeconds float64 `json:"stepSeconds,omitempty"`
 }
 
 // DemandGranularity is the default step of Demand.Last (the sidecar's
