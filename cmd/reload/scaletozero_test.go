@@ -15,12 +15,14 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -168,7 +170,9 @@ func sendHeld(url string) heldAnswer {
 //   - idleAfter scales the workload back to 0 after that long and one
 //     --demand-granularity at most, and not before;
 //   - a hold that outlasts holdTimeout is a 503 with Retry-After at
-//     holdTimeout, and the route holds again afterwards.
+//     holdTimeout, and the route holds again afterwards;
+//   - beside an HPA on the workload idleAfter is refused (condition
+//     ScaleToZero IdleAfterRefused naming it) and not applied.
 func TestScaleToZeroEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts an API server and nginx")
@@ -367,6 +371,22 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	a := <-again
 	if a.err != nil || a.code != 200 || a.body != "qwen-pod" {
 		t.Errorf("the request after a timed-out hold: %d %q %v, want held and answered 200 by the pod", a.code, a.body, a.err)
+	}
+
+	// Another autoscaler on the workload: idleAfter is refused (the
+	// condition names it) and the workload stays up past idleAfter.
+	must(t, k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-hpa"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+		ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "qwen"}, MinReplicas: ptr(int32(1)), MaxReplicas: 3,
+	}}))
+	must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
+		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test/touch":"1"}}}`))))
+	reloadtest.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
+		c := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeScaleToZero)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.ReasonIdleAfterRefused && strings.Contains(c.Message, "HorizontalPodAutoscaler/qwen-hpa")
+	})
+	time.Sleep(idle + step + 3*time.Second)
+	if _, slept, _ := w.times(); len(slept) != 1 {
+		t.Errorf("scaled to 0 beside an HPA (%d times in all), want idleAfter refused", len(slept))
 	}
 }
 
