@@ -203,7 +203,9 @@ func OwnedKeysFor(route *Route, dynamic bool) []OwnedKey {
 // files), so the consumer's engine takes it without a reload. The table
 // holds exactly the tiers the static route file would hold.
 //
-// It fails with ErrNoBackends when the snapshot has no backends, on
+// It fails with ErrNoBackends when the snapshot has no backends (unless
+// the route has spec.scaleToZero: then it renders a route without tiers
+// that holds requests, and Result.ScaledToZero), on
 // malformed endpoints (bad IP, port outside 1–65535) and on endpoint lists
 // not in normal form (sorted and unique: endpoints.Normalize, which
 // discovery applies): nothing is rendered from data that would break a
@@ -226,7 +228,12 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 		return res, err
 	}
 	if len(c.backends) == 0 {
-		return res, fmt.Errorf("route %s: %w", name, ErrNoBackends)
+		if route.Spec.ScaleToZero == nil {
+			return res, fmt.Errorf("route %s: %w", name, ErrNoBackends)
+		}
+		// Zero is a state of a scale-to-zero route: no tiers, the
+		// engine holds.
+		res.ScaledToZero = true
 	}
 	if c.backendSvc, err = normalizeVIP(snap.BackendService, "backend service"); err != nil {
 		return res, err
@@ -247,9 +254,11 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 
 	llm := route.Spec.ModelType != routespec.ModelTypeVideo
 	c.video = !llm
-	tiers, err := c.tiers(llm)
-	if err != nil {
-		return Result{}, fmt.Errorf("route %s: %w", name, err)
+	var tiers []tier
+	if !res.ScaledToZero {
+		if tiers, err = c.tiers(llm); err != nil {
+			return Result{}, fmt.Errorf("route %s: %w", name, err)
+		}
 	}
 	var conf []byte
 	if llm {

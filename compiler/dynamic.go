@@ -7,7 +7,9 @@ package compiler
 // ConfigMap, which the reload sidecar pushes into the running engine.
 
 import (
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/modelsphere/autoconfig/internal/peers"
 )
@@ -36,6 +38,17 @@ var videoDynamicOptions = [][2]string{
 	{OptMaxEjectionPercent, "100"},
 	{OptMaxTries, strconv.Itoa(videoUpstreamTries)},
 	{OptRetryOn, "connect-failure"},
+}
+
+// videoEngineOptions are a video route's engine registration options:
+// videoDynamicOptions, with the hold of a scale-to-zero route.
+func (c *compilation) videoEngineOptions() [][2]string {
+	if !c.scaleToZero() {
+		return videoDynamicOptions
+	}
+	out := c.holdOptions(slices.Clone(videoDynamicOptions))
+	slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+	return out
 }
 
 // appendDynamicRegistration writes the access-phase lua that registers a

@@ -250,6 +250,7 @@ func (c *compilation) llmOptions() [][2]string {
 		}
 	}
 	out = c.failureModeOptions(out)
+	out = c.holdOptions(out)
 	slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
 	return out
 }

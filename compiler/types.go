@@ -70,6 +70,10 @@ type Result struct {
 	// the route Degraded with reason ReasonCanaryNoBackends (also in
 	// Warnings).
 	CanaryNoBackends bool
+	// ScaledToZero: the route has spec.scaleToZero and no backend
+	// endpoint; it rendered no tiers and its engine holds requests (the
+	// controller reports reason ReasonScaledToZero and wakes the target).
+	ScaledToZero bool
 }
 
 // SkippedTier is a spec.nginx.peers entry that rendered no tier.

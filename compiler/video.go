@@ -114,7 +114,7 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	// canary: the engine chooses each request's version and falls through
 	// to the other when the chosen one has no live peer, which two plain
 	// nginx upstreams cannot tell lua).
-	engine := c.opts.DynamicPeers || c.hasCanary()
+	engine := c.opts.DynamicPeers || c.hasCanary() || c.scaleToZero()
 	var dict string
 	if engine {
 		if dict, err = c.sharedDictSize(); err != nil {
@@ -172,17 +172,17 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 		if keys != "" {
 			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
 		}
-		b = appendDynamicRegistration(b, c.name, videoDynamicOptions)
+		b = appendDynamicRegistration(b, c.name, c.videoEngineOptions())
 		b = append(b, "        }\n"...)
-	case c.hasCanary():
-		// A static canary route: registered with its tiers and the
-		// canary, with the dynamic video options (the static upstream's
-		// semantics).
+	case c.hasCanary() || c.scaleToZero():
+		// A static canary or scale-to-zero route: registered with its
+		// tiers (and the canary), with the dynamic video options (the
+		// static upstream's semantics).
 		b = append(b, "        access_by_lua_block {\n"...)
 		if keys != "" {
 			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
 		}
-		b = c.appendStaticRegistration(b, videoDynamicOptions, tiers)
+		b = c.appendStaticRegistration(b, c.videoEngineOptions(), tiers)
 		b = append(b, "        }\n"...)
 	case keys != "":
 		b = appendVideoAuth(b, keys, val("auth_public_paths"))

@@ -64,7 +64,26 @@ func startAppliedEnv(t testing.TB, debounce string) *appliedEnv {
 // nginx.conf (whose engine listens on the control socket).
 func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEnv {
 	t.Helper()
+	return startAppliedEnvOpts(t, appliedOpts{debounce: debounce, dynamic: dynamic})
+}
+
+// appliedOpts vary the end-to-end setup.
+type appliedOpts struct {
+	debounce string
+	dynamic  bool
+	// noBackends: Service qwen starts with no EndpointSlice (else one
+	// naming 10.1.0.1).
+	noBackends bool
+	// routes are the routes created (nil = route qwen, one backend tier).
+	routes []*v1alpha1.ModelRoute
+	// sidecarArgs are more flags of openresty-0's sidecar.
+	sidecarArgs []string
+}
+
+func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
+	t.Helper()
 	const ns = appliedNS
+	debounce, dynamic := o.debounce, o.dynamic
 	_, cfg := testenv.Start(t)
 	sch := k8sruntime.NewScheme()
 	must(t, clientgoscheme.AddToScheme(sch))
@@ -120,7 +139,9 @@ func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEn
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}, {Name: "reload", Image: "reload"}}},
 		}))
 	}
-	backends("10.1.0.1")
+	if !o.noBackends {
+		backends("10.1.0.1")
+	}
 	newPod("openresty-0")
 	consumers("openresty-0")
 
@@ -133,9 +154,9 @@ func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEn
 		opts = nginxtest.Options{RoutesDir: dir0, Reference: true}
 	}
 	n0 := nginxtest.Start(t, opts)
-	s0 := startSidecar(t, "--configmap", ns+"/routes", "--write-dir", dir0, "--kubeconfig", kubeconfig,
+	s0 := startSidecar(t, append([]string{"--configmap", ns + "/routes", "--write-dir", dir0, "--kubeconfig", kubeconfig,
 		"--process", n0.MasterMatch(), "--sock-dir", n0.SockDir(), "--check-cmd", checkCmd(n0),
-		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", debounce)
+		"--pod-name", "openresty-0", "--pod-namespace", ns, "--debounce", debounce}, o.sidecarArgs...)...)
 
 	// The controller, rendering for nginx's socket directory.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -143,20 +164,26 @@ func startAppliedEnvWith(t testing.TB, debounce string, dynamic bool) *appliedEn
 	must(t, err)
 	v, err := schema.Default()
 	must(t, err)
-	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}}
+	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}, Recorder: mgr.GetEventRecorder(controller.Name)}
 	mctx, cancel := context.WithCancel(ctx)
 	must(t, r.SetupWithManager(mctx, mgr, 4))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	must(t, k8s.Create(ctx, &v1alpha1.ModelRoute{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"},
-		Spec: v1alpha1.Spec{
-			Discovery: v1alpha1.Discovery{Service: "qwen"},
-			Nginx:     v1alpha1.Nginx{OutputConfigMap: "routes", Service: "openresty", Peers: []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}}},
-		},
-	}))
+	routes := o.routes
+	if routes == nil {
+		routes = []*v1alpha1.ModelRoute{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"},
+			Spec: v1alpha1.Spec{
+				Discovery: v1alpha1.Discovery{Service: "qwen"},
+				Nginx:     v1alpha1.Nginx{OutputConfigMap: "routes", Service: "openresty", Peers: []v1alpha1.Peer{{Use: v1alpha1.UseBackend, Priority: 2}}},
+			},
+		}}
+	}
+	for _, rt := range routes {
+		must(t, k8s.Create(ctx, rt))
+	}
 	return &appliedEnv{k8s: k8s, kubeconfig: kubeconfig, dir0: dir0, s0: s0, backends: backends, consumers: consumers, newPod: newPod, n0: n0}
 }
 

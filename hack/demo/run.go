@@ -252,6 +252,9 @@ func (d *demo) startNginx(ctx context.Context) error {
 		"--process", n.MasterMatch(), "--sock-dir", n.SockDir(),
 		"--pod-name", openrestyPod, "--pod-namespace", routeNS,
 		"--debounce", "200ms", "--metrics-addr", d.reloadMetrics,
+		// the scale-to-zero scene's idleAfter is 10 s: a 2 s step of the
+		// last request's time (the default is 10 s)
+		"--demand-granularity", "2s",
 	}
 	p, err := d.start("reload", filepath.Join(d.bin, "reload"), args...)
 	if err != nil {

@@ -72,6 +72,10 @@ func (d *demo) scenes(ctx context.Context) error {
 		return err
 	}
 	d.pause(ctx)
+	if err := d.wake(ctx); err != nil {
+		return err
+	}
+	d.pause(ctx)
 	if c := d.o.Converged; c != nil {
 		urls := map[string]string{"autoconfig": "http://" + d.ctrlMetrics + "/metrics"}
 		if d.reloadMetrics != "" {

@@ -174,6 +174,8 @@ type consumerTally struct {
 	tracked, synced   int
 	stale, notTracked []string
 	counts            map[string]int // by consumer state (metrics)
+	// reports are the nginx consumer pods' served reports.
+	reports []served.Report
 }
 
 // consumerStatus is reconcileConsumers' work.
@@ -207,6 +209,7 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 		return strings.Compare(a.Pod+"\x00"+a.Key, b.Pod+"\x00"+b.Key)
 	})
 	route.Status.Consumers = t.consumers
+	st.reports = t.reports
 	if len(t.groups) == 0 {
 		r.Routes.applied.forget(key) // nothing tracked: no series, no clock
 	} else {
@@ -248,6 +251,9 @@ func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumer
 			continue
 		}
 		t.tracked++
+		if g.kind == "nginx" {
+			t.reports = append(t.reports, rep)
+		}
 		all := true
 		since := metav1.NewTime(rep.At)
 		for _, k := range keys {
@@ -480,6 +486,10 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 			}
 			if len(changed) > 0 {
 				enqueue(ctx, e.ObjectNew, changed, q)
+			} else if !maps.Equal(old.Demand, cur.Demand) {
+				// The engine's demand (scale to zero): the routes the
+				// pod serves.
+				enqueue(ctx, e.ObjectNew, nil, q)
 			}
 		},
 	}

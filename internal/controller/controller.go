@@ -28,6 +28,8 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/scaler"
+	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -103,6 +105,8 @@ type Reconciler struct {
 	cmChanges *configMapChanges
 	// initial is the initial sync the workers wait for (nil: none).
 	initial *initialSync
+	// scaler wakes and idles scale-to-zero targets (scaletozero.go).
+	scaler *scaler.Scaler
 }
 
 // OutputWriter is how the reconcile changes the consumers' ConfigMaps:
@@ -146,6 +150,13 @@ type state struct {
 	// previewWarnings are what a preview cannot know before the
 	// controller acts (e.g. the VIP of a Service it would create).
 	previewWarnings []string
+	// reports are the served reports of the route's nginx consumer pods
+	// (the consumers step), which carry the engines' demand (scale to
+	// zero).
+	reports []served.Report
+	// requeueAfter, when > 0, asks for another reconcile this much later
+	// with no change (the scale-to-zero idle deadline).
+	requeueAfter time.Duration
 }
 
 // step is one stage of the reconcile. It reads and updates st; stop ends
@@ -169,6 +180,7 @@ func (r *Reconciler) steps() []step {
 		{"compile", r.reconcileCompile},
 		{"outputs", r.reconcileOutputs},
 		{"consumers", r.reconcileConsumers},
+		{"scale to zero", scaleStep{r}.run},
 	}
 }
 
@@ -263,7 +275,9 @@ func (r *Reconciler) reconcileRV(ctx context.Context, key types.NamespacedName, 
 			*rv = route.ResourceVersion
 		}
 	}()
-	return ctrl.Result{}, r.runSteps(ctx, &state{route: route, started: time.Now(), arrive: arrive, epoch: epoch})
+	st := &state{route: route, started: time.Now(), arrive: arrive, epoch: epoch}
+	err = r.runSteps(ctx, st)
+	return ctrl.Result{RequeueAfter: st.requeueAfter}, err
 }
 
 // currentRoute is the cached route, or the live one when the cache has not

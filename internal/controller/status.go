@@ -178,7 +178,12 @@ func markReady(st *state) {
 	if len(st.result.Warnings) > 0 {
 		msg += "; " + strings.Join(st.result.Warnings, "; ")
 	}
-	setCondition(route, TypeReady, metav1.ConditionTrue, ReasonReconciled, msg)
+	reason := ReasonReconciled
+	if st.result.ScaledToZero {
+		reason = compiler.ReasonScaledToZero
+		msg = scaledToZeroMessage(st.spec) + "; " + msg
+	}
+	setCondition(route, TypeReady, metav1.ConditionTrue, reason, msg)
 	meta.RemoveStatusCondition(&route.Status.Conditions, TypeReconciling)
 	meta.RemoveStatusCondition(&route.Status.Conditions, TypeStalled)
 	route.Status.ObservedGeneration = route.Generation

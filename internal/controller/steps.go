@@ -185,6 +185,12 @@ func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, e
 	}
 	st.snap = snap
 	st.route.Status.CartPeers = int32(len(snap.CartPods))
+	if len(snap.Backends) == 0 && st.spec.Spec.ScaleToZero != nil {
+		// Zero is a state of a scale-to-zero route: the compile renders a
+		// route that holds requests (scaletozero.go wakes the target).
+		st.noRender = false
+		return false, nil
+	}
 	if len(snap.Backends) == 0 {
 		st.block(ReasonNoBackends, fmt.Sprintf(
 			"no %s backends found for %s; keeping the last written output (%d endpoints)",

@@ -26,6 +26,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -137,6 +138,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		r.Routes = NewRouteState()
 	}
 	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
+	r.scaler = &scaler.Scaler{Client: r.Client, Reader: r.APIReader}
 	w := &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	r.sink, r.out = w, w
 	r.cmChanges = newConfigMapChanges(r.changedKeys)

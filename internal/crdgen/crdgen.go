@@ -158,6 +158,7 @@ func Generate() (*Result, error) {
 					{Name: "Backends", Type: "integer", JSONPath: ".status.backends", Description: "Backend endpoints written"},
 					{Name: "Cart", Type: "integer", JSONPath: ".status.cartPeers", Description: "CART endpoints discovered"},
 					{Name: "Canary", Type: "integer", JSONPath: ".spec.canary.weight", Description: "Percent of sessions the canary version serves (spec.canary.weight); empty without a canary"},
+					{Name: "Wake", Type: "string", JSONPath: ".spec.scaleToZero.target.name", Description: "The workload a request at zero wakes (spec.scaleToZero.target); empty without scale to zero"},
 					{Name: "Ready", Type: "string", JSONPath: `.status.conditions[?(@.type=="Ready")].status`},
 					{Name: "Synced", Type: "string", JSONPath: ".status.synced", Description: "n/m: consumer pods serving the current output, of those that report what they serve"},
 					{Name: "Degraded", Type: "string", JSONPath: `.status.conditions[?(@.type=="Degraded")].reason`, Description: "Why part of the route is not rendered (e.g. TierSkipped); empty when all of it is"},

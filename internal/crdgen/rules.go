@@ -44,6 +44,8 @@ const (
 	msgFromBackendUse = "maxConcurrencyFromBackend is only for use: cart peers; remove it"
 	msgSLOTTFT        = "spec.slo.ttftMs and spec.nginx.values.ttft_limit_ms both set the engine option ttft_limit_ms; keep one: remove the value (spec.slo.ttftMs renders it) or remove spec.slo.ttftMs"
 	msgSLOTPS         = "spec.slo.decodeTokensPerSecond and spec.nginx.values.tps_limit_tps both set the engine option tps_limit_tps; keep one: remove the value (spec.slo.decodeTokensPerSecond renders it) or remove spec.slo.decodeTokensPerSecond"
+	msgHoldValue      = "hold_timeout is rendered from spec.scaleToZero.holdTimeout (the engine holds requests only while the controller can wake the model); remove the value and set spec.scaleToZero"
+	msgScaleConsumers = "scaleToZero needs spec.nginx.service or spec.nginx.selector (the openresty pods): the controller wakes the model when their engines hold requests, and reads that from those pods; set one of them"
 	msgBurst          = "upload_req_burst needs upload_req_limit; add upload_req_limit (e.g. 10r/s) or remove the burst"
 	msgUseTwice       = "each use may appear once; "
 	msgMonitorInNginx = "monitor.outputConfigMap is the nginx outputConfigMap: openresty includes every *.conf key there, so the monitor file would be loaded as nginx configuration; write the monitor lines to the monitoring agent's own ConfigMap"
@@ -61,7 +63,7 @@ const (
 var copiedMessages = []string{
 	msgRouteCharset, msgRouteLength, msgRouteDots, msgNoPeers, msgModel, msgBoth, msgNeither,
 	msgVideoCart, msgVideoSLO, msgVideoMonitor, msgVideoPeerUse, msgCartPeer,
-	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx, msgValuesBytes,
+	msgFromBackend, msgFromBackendUse, msgSLOTTFT, msgSLOTPS, msgHoldValue, msgScaleConsumers, msgBurst, msgUseTwice, msgDictSize, msgValuesCount, msgMonitorInNginx, msgValuesBytes,
 	msgVideoKey, msgSplitNoCanary, msgSameHeader, msgSameService, msgSameSelector,
 }
 
@@ -107,6 +109,8 @@ func crossFieldRules() map[string][]apiextv1.ValidationRule {
 			rule(isVideo+` || !has(self.nginx.values) || !("shared_dict_size" in self.nginx.values) || self.nginx.values["shared_dict_size"].matches(`+celString(dictRE)+`)`, msgDictSize, ".nginx.values"),
 			rule(isVideo+` || !has(self.slo) || !has(self.slo.ttftMs) || !has(self.nginx.values) || !("ttft_limit_ms" in self.nginx.values)`, msgSLOTTFT, ".slo.ttftMs"),
 			rule(isVideo+` || !has(self.slo) || !has(self.slo.decodeTokensPerSecond) || !has(self.nginx.values) || !("tps_limit_tps" in self.nginx.values)`, msgSLOTPS, ".slo.decodeTokensPerSecond"),
+			rule(isVideo+` || !has(self.nginx.values) || !("hold_timeout" in self.nginx.values)`, msgHoldValue, ".nginx.values"),
+			rule(`!has(self.scaleToZero) || has(self.nginx.service) || has(self.nginx.selector)`, msgScaleConsumers, ".scaleToZero"),
 			rule(`!has(self.split) || has(self.canary)`, msgSplitNoCanary, ".split"),
 			// The canary's backends are not the stable version's: not the
 			// same Service or selector text, unless both ports are given

@@ -117,6 +117,13 @@ type Options struct {
 	// report goes there (served.go).
 	PodName      string
 	PodNamespace string
+
+	// DemandInterval is how often, with SockDir and PodName, the engine's
+	// demand report (scale to zero) is read into the served report;
+	// DemandGranularity is the step of the last request's time there
+	// (demand.go).
+	DemandInterval    time.Duration
+	DemandGranularity time.Duration
 }
 
 // withDefaults is a copy of o with every zero duration, Signal and
@@ -136,6 +143,8 @@ func (o Options) withDefaults() Options {
 		{&o.SockSweep, DefaultSockSweep},
 		{&o.Resync, DefaultResync},
 		{&o.RetryMax, DefaultRetryMax},
+		{&o.DemandInterval, DefaultDemandInterval},
+		{&o.DemandGranularity, served.DemandGranularity},
 	} {
 		if *d.v == 0 {
 			*d.v = d.def
@@ -164,6 +173,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SockSweep, "sock-sweep", DefaultSockSweep, "with --sock-dir: how often to check whether the target was replaced or is gone, and then remove stale sockets")
 	fs.DurationVar(&o.Resync, "resync", DefaultResync, "how often the content is compared with what the target last loaded without an event (lost events, a refused content tried again, quarantined keys); also the API-mode informer's resync")
 	fs.DurationVar(&o.RetryMax, "retry-max", DefaultRetryMax, "longest wait between retries after an error (no target process, unreadable directory, failed write); retries start at 0.5s and double")
+	fs.DurationVar(&o.DemandInterval, "demand-interval", DefaultDemandInterval, "with --sock-dir and --pod-name: how often the engine's demand report (requests held at zero, last request; GET /demand on its control socket) is read into the served report, which the controller reads to wake a scale-to-zero route's workload")
+	fs.DurationVar(&o.DemandGranularity, "demand-granularity", served.DemandGranularity, "the step of a route's last-request time in the served report: a busy route changes the Pod's annotation at most once per step, and the controller waits one step more than idleAfter before it scales to 0")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9102", `address of /metrics, /healthz and /readyz ("" disables)`)
 	fs.StringVar(&o.ProcRoot, "proc-root", "/proc", "where /proc is mounted")
 	fs.StringVar(&o.ConfigMap, "configmap", "", "API mode: namespace/name of a ConfigMap to watch through the API and write into --write-dir (sub-second instead of kubelet's 60–90 s)")
@@ -213,8 +224,8 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--check-cmd: %w", err))
 		}
 	}
-	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 || o.Resync <= 0 || o.RetryMax <= 0 {
-		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout, --sock-sweep, --resync and --retry-max must be positive"))
+	if o.Debounce <= 0 || o.VerifyTimeout <= 0 || o.CheckTimeout <= 0 || o.SockSweep <= 0 || o.Resync <= 0 || o.RetryMax <= 0 || o.DemandInterval <= 0 || o.DemandGranularity <= 0 {
+		errs = append(errs, errors.New("--debounce, --verify-timeout, --check-timeout, --sock-sweep, --resync, --retry-max, --demand-interval and --demand-granularity must be positive"))
 	}
 	if o.MaxDelay < o.Debounce {
 		errs = append(errs, fmt.Errorf("--max-delay %s must be at least --debounce %s", o.MaxDelay, o.Debounce))

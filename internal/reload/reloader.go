@@ -48,6 +48,7 @@ type Reloader struct {
 
 	cmSync   *ConfigMapSync // the source New built from --configmap; Run runs it
 	reporter *PodReporter   // the report New built from --pod-name; Run runs it
+	demand   *DemandPoller  // with --pod-name and --sock-dir: the engine's demand into the report
 
 	// onSettle, nil outside tests, is called each time the directories
 	// were looked at, with whether their visible content is new.

@@ -158,6 +158,9 @@ func New(opts Options, log *slog.Logger, reg prometheus.Registerer) (*Reloader, 
 	if o.PodName != "" {
 		r.reporter = &PodReporter{Client: cs, Namespace: o.PodNamespace, Name: o.PodName, RetryMax: o.RetryMax, Log: log, Metrics: r.metrics}
 		r.report = r.reporter.Report
+		if o.SockDir != "" {
+			r.demand = &DemandPoller{Path: demandSocket(o.SockDir), Interval: o.DemandInterval, Granularity: o.DemandGranularity, Set: r.reporter.SetDemand, Log: log}
+		}
 	}
 	return r, nil
 }
@@ -181,6 +184,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 	})
 	if r.reporter != nil {
 		g.Go(func() error { return r.reporter.Run(ctx) })
+	}
+	if r.demand != nil {
+		g.Go(func() error { return r.demand.Run(ctx) })
 	}
 	if r.cmSync != nil {
 		g.Go(func() error {

@@ -33,6 +33,8 @@ type PodReporter struct {
 	once    sync.Once
 	mu      sync.Mutex
 	pending *served.Report
+	last    *served.Report           // the last report given, without demand
+	demand  map[string]served.Demand // the engine's demand (demand.go)
 	wake    chan struct{}
 }
 
@@ -48,12 +50,35 @@ func (p *PodReporter) init() {
 	})
 }
 
-// Report queues r as the Pod's served report.
+// Report queues r as the Pod's served report (with the demand last set).
 func (p *PodReporter) Report(r served.Report) {
 	p.init()
 	p.mu.Lock()
-	p.pending = &r
+	p.last = &r
+	p.queue()
 	p.mu.Unlock()
+}
+
+// SetDemand queues the last report again with demand d (demand.go); before
+// the first report it is kept for it.
+func (p *PodReporter) SetDemand(d map[string]served.Demand) {
+	p.init()
+	p.mu.Lock()
+	p.demand = d
+	if p.last != nil {
+		p.queue()
+	}
+	p.mu.Unlock()
+}
+
+// queue makes the last report with the demand the pending one and wakes
+// Run; p.mu is held.
+func (p *PodReporter) queue() {
+	r := *p.last
+	if len(p.demand) > 0 {
+		r.Demand = p.demand
+	}
+	p.pending = &r
 	select {
 	case p.wake <- struct{}{}:
 	default:

@@ -64,7 +64,34 @@ type Report struct {
 	// Peers are, with dynamic peers, the peers table version (peers.Table
 	// Version) the engine acknowledged, by route.
 	Peers map[string]string `json:"peers,omitempty"`
+	// Demand is, for each route whose engine holds requests at zero
+	// (spec.scaleToZero), what the engine reports on its control socket
+	// (GET /demand): requests waiting now and the last request's time.
+	// The controller wakes the route's target on waiting requests and,
+	// with idleAfter, scales it to 0 after the last request.
+	Demand map[string]Demand `json:"demand,omitempty"`
 }
+
+// Demand is one route's demand on one consumer pod.
+type Demand struct {
+	// Waiting is the number of requests the engine holds now.
+	Waiting int `json:"waiting"`
+	// Last is when the route's last request arrived (held or not), to
+	// DemandGranularity: the sidecar writes a later time only once it is
+	// at least that much later, so the true last request is never more
+	// than DemandGranularity after Last. Zero = no request yet.
+	Last time.Time `json:"last,omitzero"`
+	// StepSeconds is the sidecar's step of Last (--demand-granularity),
+	// so the controller knows how much later the true last request may
+	// be; 0 = DemandGranularity.
+	StepSeconds float64 `json:"stepSeconds,omitempty"`
+}
+
+// DemandGranularity is the default step of Demand.Last (the sidecar's
+// --demand-granularity): a busy route changes the annotation at most
+// once per step, and the controller waits one step more than idleAfter
+// before it scales a target to 0.
+const DemandGranularity = 10 * time.Second
 
 // Marshal is the annotation value of r.
 func (r Report) Marshal() (string, error) {

@@ -42,6 +42,67 @@ type Spec struct {
 	// Split holds the keys that choose a request's version; only with
 	// spec.canary.
 	Split *Split `json:"split,omitempty"`
+	// ScaleToZero, when set, lets the model have no pods: at zero ready
+	// endpoints the engine holds requests while the controller wakes
+	// Target. Absent = rendered as before the field existed.
+	ScaleToZero *ScaleToZero `json:"scaleToZero,omitempty"`
+}
+
+// ScaleToZero is spec.scaleToZero: the workload woken when a request
+// arrives at zero, how long a request waits, and when to scale back.
+type ScaleToZero struct {
+	// Target is the workload whose pods back spec.discovery.
+	Target ScaleTarget `json:"target"`
+	// WakeReplicas is the replicas a request at zero wakes Target to
+	// (default 1).
+	WakeReplicas int32 `json:"wakeReplicas,omitempty"`
+	// HoldTimeout is how long a request waits for a first ready endpoint
+	// (300s, 5m, 1h; default 300s).
+	HoldTimeout string `json:"holdTimeout,omitempty"`
+	// IdleAfter, when set, scales Target to 0 after no request for this
+	// long; empty = never.
+	IdleAfter string `json:"idleAfter,omitempty"`
+}
+
+// ScaleTarget names a Deployment or StatefulSet.
+type ScaleTarget struct {
+	// Kind is Deployment or StatefulSet.
+	Kind string `json:"kind"`
+	// Name is the workload's name.
+	Name string `json:"name"`
+}
+
+// Scale-to-zero target kinds and defaults.
+const (
+	KindDeployment         = "Deployment"
+	KindStatefulSet        = "StatefulSet"
+	DefaultWakeReplicas    = 1
+	DefaultHoldTimeout     = "300s"
+	DefaultHoldMaxRequests = 256
+)
+
+// Seconds is the length of a scaleToZero duration (Ns, Nm or Nh, as the
+// schema admits them), 0 for an empty or malformed one.
+func Seconds(d string) int {
+	if len(d) < 2 {
+		return 0
+	}
+	n := 0
+	for _, c := range d[:len(d)-1] {
+		if c < '0' || c > '9' || n > 1e7 {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	switch d[len(d)-1] {
+	case 's':
+		return n
+	case 'm':
+		return n * 60
+	case 'h':
+		return n * 3600
+	}
+	return 0
 }
 
 // Version names of a canary route, as the override header carries them

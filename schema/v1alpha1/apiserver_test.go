@@ -108,11 +108,15 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 	canary.Spec.Monitor = nil
 	canary.Spec.Canary = &v1alpha1.Canary{Discovery: v1alpha1.Discovery{Service: "llm/qwen-v2"}, Weight: 15}
 	canary.Spec.Split = &v1alpha1.Split{StickyHeader: "x-conversation"}
+	canary.Spec.ScaleToZero = &v1alpha1.ScaleToZero{Target: v1alpha1.ScaleTarget{Kind: "Deployment", Name: "qwen-v2"}}
 	if err := c.Create(ctx, canary); err != nil {
 		t.Fatalf("create canary route: %v", err)
 	}
 	if got, want := *canary.Spec.Split, (v1alpha1.Split{StickyHeader: "x-conversation", OverrideHeader: "x-model-version", StickyCookie: "autoconfig-session"}); got != want {
 		t.Errorf("stored split %+v, want the defaults filled: %+v", got, want)
+	}
+	if got, want := *canary.Spec.ScaleToZero, (v1alpha1.ScaleToZero{Target: v1alpha1.ScaleTarget{Kind: "Deployment", Name: "qwen-v2"}, WakeReplicas: 1, HoldTimeout: "300s"}); got != want {
+		t.Errorf("stored scaleToZero %+v, want the defaults filled: %+v", got, want)
 	}
 	canary.Status = v1alpha1.Status{ObservedGeneration: canary.Generation, Backends: 4, CanaryBackends: 1}
 	if err := c.Status().Update(ctx, canary); err != nil {
@@ -137,25 +141,25 @@ func TestRoundTripThroughAPIServer(t *testing.T) {
 		t.Errorf("stored status differs: %+v", gs)
 	}
 
-	// kubectl get mr: NAME BACKENDS CART CANARY READY SYNCED DEGRADED AGE.
+	// kubectl get mr: NAME BACKENDS CART CANARY WAKE READY SYNCED DEGRADED AGE.
 	table := getTable(ctx, t, cfg, "/apis/"+v1alpha1.Group+"/"+v1alpha1.Version+"/namespaces/"+mr.Namespace+"/modelroutes")
 	var cols []string
 	for _, c := range table.ColumnDefinitions {
 		cols = append(cols, c.Name)
 	}
-	if want := []string{"Name", "Backends", "Cart", "Canary", "Ready", "Synced", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
+	if want := []string{"Name", "Backends", "Cart", "Canary", "Wake", "Ready", "Synced", "Degraded", "Age"}; !reflect.DeepEqual(cols, want) {
 		t.Errorf("printer columns %q, want %q", cols, want)
 	}
 	if len(table.Rows) != 2 {
 		t.Fatalf("table rows: %d, want 2", len(table.Rows))
 	}
-	// No canary: the column is empty (nil).
-	cells := fmt.Sprint(table.Rows[0].Cells[:7])
-	if want := "[qwen 3 2 <nil> True 1/1 TierSkipped]"; cells != want {
+	// No canary, no scale to zero: the columns are empty (nil).
+	cells := fmt.Sprint(table.Rows[0].Cells[:8])
+	if want := "[qwen 3 2 <nil> <nil> True 1/1 TierSkipped]"; cells != want {
 		t.Errorf("row cells %s, want %s", cells, want)
 	}
-	cells = fmt.Sprint(table.Rows[1].Cells[:4])
-	if want := "[qwen-canary 4 0 15]"; cells != want {
+	cells = fmt.Sprint(table.Rows[1].Cells[:5])
+	if want := "[qwen-canary 4 0 15 qwen-v2]"; cells != want {
 		t.Errorf("canary row cells %s, want %s", cells, want)
 	}
 }

@@ -40,6 +40,9 @@ type (
 	SLO       = routespec.SLO
 	Canary    = routespec.Canary
 	Split     = routespec.Split
+	// ScaleToZero and ScaleTarget are spec.scaleToZero.
+	ScaleToZero = routespec.ScaleToZero
+	ScaleTarget = routespec.ScaleTarget
 )
 
 // ModelRoute says how one model is routed.

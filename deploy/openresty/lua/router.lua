@@ -18,7 +18,8 @@
 --   router_metrics   Prometheus counters and histograms (GET /metrics on
 --                    the shipped nginx.conf's port 9145)
 --   router_probe     active health probes
---   router_control   the control endpoint (peers pushes)
+--   router_control   the control endpoint (peers pushes, demand)
+--   router_hold      holding requests at zero (scale to zero)
 --
 -- What the engine does, by phase:
 --   access   registration is lazy (once per worker and route); the
@@ -49,6 +50,7 @@ local sse = require("router_sse")
 local metrics = require("router_metrics")
 local probe_mod = require("router_probe")
 local control_mod = require("router_control")
+local hold = require("router_hold")
 
 local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
 local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
@@ -61,7 +63,7 @@ local pick, limit_of = pick_mod.pick, slo.limit_of
 
 local M = {}
 local routes = probe_mod.routes
-local reachable
+local reachable, count_hold
 
 local METRICS_DICT = "autoconfig@metrics"
 local mdict_checked, mdict = false, nil
@@ -137,6 +139,7 @@ local function new_route(route, options, tiers)
     labels = {},
   }
   r.slo = slo.config(o)
+  r.hold = hold.config(o)
   if r.video then
     r.slo.adaptive = false
   end
@@ -167,6 +170,9 @@ function M.register_route(route, options, tiers, c)
     end
   end
   set_affinity(r)
+  if r.hold.timeout > 0 then
+    hold.registered(r)
+  end
   if not prev then
     start_probe(r)
   end
@@ -179,6 +185,9 @@ function M.register_dynamic_route(route, options)
   r.dynamic = true
   r.members, r.npeers = {}, 0
   set_affinity(r)
+  if r.hold.timeout > 0 then
+    hold.registered(r)
+  end
   if not r.shared then
     ngx.log(ngx.ERR, "route ", route, ": no lua_shared_dict named ", route,
       ": the control endpoint cannot reach this route (seed file only, per worker)")
@@ -419,6 +428,19 @@ local function refuse(r, code, reason, ...)
   return ngx.exit(code)
 end
 
+-- count_hold counts a held request's outcome (served, timeout, refused)
+-- and how long it waited.
+count_hold = function(r, result, waited)
+  local d = metrics_dict()
+  if not d then
+    return
+  end
+  metrics.inc(d, "autoconfig_engine_held_requests_total", metrics.labels("route", r.name, "result", result), 1)
+  if result ~= "refused" then
+    metrics.observe(d, "autoconfig_engine_hold_seconds", metrics.labels("route", r.name), waited)
+  end
+end
+
 -- tiers_of: the tiers of version v of route r (the route's own tiers
 -- unless v is "canary").
 local function tiers_of(r, v)
@@ -481,6 +503,23 @@ function M.access(route)
   if not r then
     ngx.log(ngx.ERR, "route ", route, " is not registered in this worker")
     return ngx.exit(500)
+  end
+  if r.hold.timeout > 0 then
+    hold.touch(r)
+    if not hold.has_peer(r) then
+      local result, waited = hold.wait(r, function()
+        if r.dynamic then refresh(r) else hold.sync_static(r) end
+      end)
+      count_hold(r, result, waited)
+      if result == "timeout" then
+        return refuse(r, 503, "hold_timeout", "route ", route, ": no peer arrived within hold_timeout (",
+          r.hold.timeout, " s) while the model is woken; retry")
+      elseif result == "refused" then
+        return refuse(r, 503, "hold_full", "route ", route, ": ", r.hold.max,
+          " requests are held already (hold_max); retry")
+      end
+      start_probe(r)
+    end
   end
   if r.dynamic then
     if r.version == nil then
@@ -921,6 +960,11 @@ local function gauges()
   for name in pairs(ngx.shared) do
     if name ~= METRICS_DICT then
       local dict = state.dict(name)
+      local dm = dict and hold.demand(dict)
+      if dm then
+        out[#out + 1] = { name = "autoconfig_engine_waiting_requests", value = dm.waiting,
+          labels = metrics.labels("route", name) }
+      end
       local keys = dict and dict:get_keys(0) or {}
       for _, k in ipairs(keys) do
         local kind, host, port = string.match(k, "^([alrm])|[^|]*|(.*)|(%d+)$")

@@ -5,6 +5,7 @@ local cjson = require("cjson.safe")
 local state = require("router_state")
 local tbl = require("router_table")
 local canary = require("router_canary")
+local hold = require("router_hold")
 
 local K_TABLE, K_VERSION, K_SERIAL, K_LOCK = tbl.K_TABLE, tbl.K_VERSION, tbl.K_SERIAL, tbl.K_LOCK
 local STATE_KINDS = state.STATE_KINDS
@@ -254,7 +255,7 @@ local function put_peers(route)
 end
 
 -- control is the content handler of the control server: PUT and GET
--- /peers/<route>, GET /peers. A proxied request (X-Real-IP, which the
+-- /peers/<route>, GET /peers, GET /demand. A proxied request (X-Real-IP, which the
 -- dispatch server sets) is refused.
 function M.handle()
   if ngx.var.http_x_real_ip ~= nil then
@@ -275,6 +276,22 @@ function M.handle()
       end
     end
     -- json() writes an empty table as {}.
+    return control_answer(200, { routes = out })
+  end
+  if uri == "/demand" then
+    -- The scale-to-zero routes' demand (router_hold), for the reload
+    -- sidecar's served report.
+    if method ~= "GET" then
+      return control_error(405, "GET /demand")
+    end
+    local out = {}
+    for name in pairs(ngx.shared) do
+      local dict = route_dict(name)
+      local d = dict and hold.demand(dict)
+      if d then
+        out[name] = d
+      end
+    end
     return control_answer(200, { routes = out })
   end
   local sroute = string.match(uri, "^/canary/([^/]+)$")

@@ -36,6 +36,7 @@ M.CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 local ttft_buckets = { 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60 }
 local tps_buckets = { 1, 2.5, 5, 10, 15, 20, 25, 30, 40, 50, 75, 100, 200, 500 }
+local hold_buckets = { 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600 }
 
 -- Every family the engine exposes, in exposition order.
 M.families = {
@@ -56,12 +57,18 @@ M.families = {
     help = "Requests whose version had no live peer and fell through to the other version, by route and the version left." },
   { name = "autoconfig_engine_state_write_failures_total", type = "counter",
     help = "Writes of peer or request state the route's dict had no room for (the request is still served; the dict never evicts the peers table for state), by route." },
+  { name = "autoconfig_engine_held_requests_total", type = "counter",
+    help = "Requests held because the route had no peer (scale to zero), by route and result (served: a peer arrived; timeout: answered 503 after hold_timeout; refused: hold_max requests were held already, answered 503 at once)." },
   -- histograms
   { name = "autoconfig_engine_ttft_seconds", type = "histogram", buckets = ttft_buckets,
     help = "Time to first token (the first content event of a streamed answer) in seconds, by route and version." },
   { name = "autoconfig_engine_decode_tokens_per_second", type = "histogram", buckets = tps_buckets,
     help = "Decode rate of a response in completion tokens per second after the first token, by route and version." },
+  { name = "autoconfig_engine_hold_seconds", type = "histogram", buckets = hold_buckets,
+    help = "Time a held request waited for a peer (served or timed out) in seconds, by route." },
   -- gauges (supplied by the engine at scrape time)
+  { name = "autoconfig_engine_waiting_requests", type = "gauge",
+    help = "Requests held now because the route has no peer (scale to zero), by route; 0 on every route that holds. A KEDA Prometheus trigger may scale on it." },
   { name = "autoconfig_engine_peer_in_flight", type = "gauge",
     help = "Requests in flight to the peer, by route and peer." },
   { name = "autoconfig_engine_peer_concurrency_limit", type = "gauge",

@@ -73,6 +73,18 @@ Services are written only for FailOpen fallback Services, behind a toggle.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch"]
+# Scale to zero (spec.scaleToZero): the target's scale subresource only
+# (its replica count), never the workload itself; the other autoscalers
+# of a target are read to refuse idleAfter beside them.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale", "statefulsets/scale"]
+  verbs: ["get", "patch"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "list"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "list"]
 # Events on routes (Ready transitions).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

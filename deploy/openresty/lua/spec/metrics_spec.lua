@@ -206,8 +206,11 @@ describe("router_metrics", function()
         autoconfig_engine_ejections_total = "counter",
         autoconfig_engine_canary_fallthrough_total = "counter",
         autoconfig_engine_state_write_failures_total = "counter",
+        autoconfig_engine_held_requests_total = "counter",
         autoconfig_engine_ttft_seconds = "histogram",
         autoconfig_engine_decode_tokens_per_second = "histogram",
+        autoconfig_engine_hold_seconds = "histogram",
+        autoconfig_engine_waiting_requests = "gauge",
         autoconfig_engine_peer_in_flight = "gauge",
         autoconfig_engine_peer_concurrency_limit = "gauge",
         autoconfig_engine_peer_decode_tokens_per_second = "gauge",
@@ -402,6 +405,8 @@ describe("router_metrics", function()
         end
         M.inc(d, "autoconfig_engine_ejections_total", M.labels("route", r, "peer", "10.0.0.2:8000"))
         M.inc(d, "autoconfig_engine_state_write_failures_total", M.labels("route", r))
+        M.inc(d, "autoconfig_engine_held_requests_total", M.labels("route", r, "result", "served"), 3)
+        M.observe(d, "autoconfig_engine_hold_seconds", M.labels("route", r), 4.5)
       end
       return d
     end
@@ -411,6 +416,7 @@ describe("router_metrics", function()
       { name = "autoconfig_engine_peer_concurrency_limit", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 16 },
       { name = "autoconfig_engine_peer_decode_tokens_per_second", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 41.37 },
       { name = "autoconfig_engine_peer_ttft_seconds", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 0.1 },
+      { name = "autoconfig_engine_waiting_requests", labels = 'route="qwen"', value = 2 },
     }
 
     it("is valid exposition with every family, HELP/TYPE once before its series", function()

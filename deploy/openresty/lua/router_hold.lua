@@ -1,0 +1,179 @@
+-- router_hold: holding requests at zero (docs/lua-contract.md, "Holding
+-- requests at zero"). A route registered with the option hold_timeout (a
+-- scale-to-zero route, spec.scaleToZero) that has no peer holds each
+-- request instead of failing it: the request sleeps in steps of STEP
+-- seconds (ngx.sleep: the worker serves others meanwhile, no busy loop),
+-- looking each step for a peer — a pushed peers table (dynamic peers) or,
+-- after a reload, the tiers the new route file registered — and goes on
+-- to the first one; after hold_timeout it is answered 503 with
+-- Retry-After. At most hold_max requests wait per route in one engine (all
+-- workers: a counter in the route's dict); the excess is refused at once.
+--
+-- The route's dict also keeps what the controller needs to wake and idle
+-- the model (GET /demand on the control endpoint): the requests waiting,
+-- the time of the route's last request and the requests held so far.
+--
+-- A static route's tiers are per worker, from its route file: a request
+-- held in a worker of the old configuration after a reload would never
+-- see the new file's. So a static hold route publishes its tiers in its
+-- dict when a worker of the current configuration registers it, and a
+-- held request in an exiting (old) worker asks the route's own socket for
+-- /_status once a second — a new worker answers it and registers the
+-- route — and takes the published tiers.
+--
+-- A client that goes away is not noticed while its request is held (the
+-- shipped nginx.conf does not set lua_check_client_abort): the request
+-- ends at the first peer or at hold_timeout, and the counter is given
+-- back then, on every way out.
+local cjson = require("cjson.safe")
+local state = require("router_state")
+
+local M = {}
+
+M.K_ON = "hold|on"           -- the route holds (set at registration)
+M.K_WAITING = "hold|waiting" -- requests held now
+M.K_LAST = "hold|last"       -- ngx.now() of the last request
+M.K_TOTAL = "hold|total"     -- requests held so far
+M.K_TIERS = "hold|tiers"     -- a static route's tiers (JSON)
+M.K_TIERS_VERSION = "hold|tiers_version"
+M.STEP = 0.05
+M.DEFAULT_MAX = 256
+M.MAX_TIMEOUT = 3600
+
+local K_ON, K_WAITING, K_LAST, K_TOTAL = M.K_ON, M.K_WAITING, M.K_LAST, M.K_TOTAL
+local K_TIERS, K_TIERS_VERSION = M.K_TIERS, M.K_TIERS_VERSION
+
+-- config: the hold of a route's options; timeout 0 = the route does not
+-- hold.
+function M.config(o)
+  local timeout = state.clamp(math.floor(state.num(o.hold_timeout, 0)), 0, M.MAX_TIMEOUT)
+  local max = state.clamp(math.floor(state.num(o.hold_max, M.DEFAULT_MAX)), 1, 100000)
+  return { timeout = timeout, max = max }
+end
+
+-- peers: the peers of tiers.
+function M.count(tiers)
+  local n = 0
+  for _, t in ipairs(tiers or {}) do
+    n = n + #(t.peers or {})
+  end
+  return n
+end
+
+-- has_peer: route r has a peer to send to (its own tiers or its canary's).
+function M.has_peer(r)
+  if r.dynamic then
+    return (r.npeers or 0) > 0
+  end
+  return M.count(r.tiers) > 0 or (r.canary ~= nil and M.count(r.canary.tiers) > 0)
+end
+
+-- registered marks the route as holding; a static route (not dynamic)
+-- publishes its tiers, unless this worker is of an old configuration.
+function M.registered(r)
+  state.set(r, K_ON, r.hold.timeout)
+  if r.dynamic or ngx.worker.exiting() then
+    return
+  end
+  local text = cjson.encode(r.tiers) or "[]"
+  local version = ngx.crc32_long(text)
+  if r.store:get(K_TIERS_VERSION) ~= version then
+    -- table before version: a reader never sees a version without its
+    -- tiers.
+    state.set(r, K_TIERS, text)
+    state.set(r, K_TIERS_VERSION, version)
+  end
+  r.hold_version = version
+end
+
+-- sync_static takes a static route's published tiers when they changed.
+function M.sync_static(r)
+  local v = r.store:get(K_TIERS_VERSION)
+  if v == nil or v == r.hold_version then
+    return
+  end
+  local tiers = cjson.decode(r.store:get(K_TIERS) or "")
+  r.hold_version = v
+  if type(tiers) == "table" then
+    r.tiers = tiers
+  end
+end
+
+-- touch records a request of the route (held or not).
+function M.touch(r)
+  state.set(r, K_LAST, ngx.now())
+end
+
+-- poke asks the route's own socket (addr, e.g. "unix:/…/qwen.sock") for
+-- /<route>/_status as an in-pod caller: a worker of the current
+-- configuration answers and registers the route.
+local function poke(addr, route)
+  local sock = ngx.socket.tcp()
+  sock:settimeout(1000)
+  local ok = sock:connect(addr)
+  if not ok then
+    return
+  end
+  sock:send("GET /" .. route .. "/_status HTTP/1.0\r\nHost: localhost\r\nX-Real-IP: 127.0.0.1\r\n\r\n")
+  sock:receive("*a")
+  sock:close()
+end
+
+-- wait holds the request until sync (called each step) gives route r a
+-- peer or the hold times out. It returns "served" (a peer is there),
+-- "timeout" or "refused" (hold_max requests wait already), and the
+-- seconds waited.
+function M.wait(r, sync)
+  local n = state.incr(r, K_WAITING, 1)
+  if n == nil or n > r.hold.max then
+    if n ~= nil then
+      state.decr(r, K_WAITING)
+    end
+    return "refused", 0
+  end
+  state.incr(r, K_TOTAL, 1)
+  ngx.update_time()
+  local start = ngx.now()
+  local deadline = start + r.hold.timeout
+  local addr = ngx.var.server_addr
+  local next_poke = 0
+  local ok, res = pcall(function()
+    while true do
+      sync()
+      if M.has_peer(r) then
+        return "served"
+      end
+      ngx.update_time()
+      local now = ngx.now()
+      if now >= deadline then
+        return "timeout"
+      end
+      if not r.dynamic and ngx.worker.exiting() and now >= next_poke and addr and addr:sub(1, 5) == "unix:" then
+        next_poke = now + 1
+        poke(addr, r.name)
+      end
+      ngx.sleep(math.min(M.STEP, deadline - now))
+    end
+  end)
+  state.decr(r, K_WAITING)
+  ngx.update_time()
+  if not ok then
+    error(res)
+  end
+  return res, ngx.now() - start
+end
+
+-- demand: the demand report of the route dict named name (GET /demand),
+-- nil when the route does not hold.
+function M.demand(dict)
+  if dict:get(K_ON) == nil then
+    return nil
+  end
+  return {
+    waiting = math.max(dict:get(K_WAITING) or 0, 0),
+    last_request = dict:get(K_LAST) or 0,
+    held_total = dict:get(K_TOTAL) or 0,
+  }
+end
+
+return M
