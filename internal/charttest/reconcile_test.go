@@ -6,11 +6,15 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -240,6 +244,83 @@ spec:
 		err := k8s.Get(ctx, fallback, &corev1.Service{})
 		return client.IgnoreNotFound(err) == nil && err != nil && routeConf("session_route_sel.conf") == ""
 	})
+
+	// Scale to zero as the ServiceAccount: a route at zero is written;
+	// the consumer pod's served report says requests wait, so the
+	// controller wakes the Deployment through its scale subresource; an
+	// HPA on it (read with the chart's rights) refuses idleAfter.
+	must(t, admin.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}}}))
+	zeroLabels := map[string]string{"app": "zero"}
+	must(t, admin.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: zeroLabels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: zeroLabels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm"}}}},
+	}}))
+	consumerLabels := map[string]string{"app": "openresty"}
+	must(t, admin.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty"},
+		Spec: corev1.ServiceSpec{Selector: consumerLabels, Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080)}}}}))
+	// The served report comes from the pod's own sidecar (a token bound to
+	// the pod, which the chart's admission policy requires); this test
+	// writes it as admin, so the policy's binding goes first.
+	must(t, admin.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-autoconfig-served-report"}}))
+	demand := `{"at":"2026-12-03T12:00:00Z","how":"reload","keys":{},"demand":{"zero":{"waiting":2,"last":"2026-12-03T12:00:00Z"}}}`
+	// (the API server drops the binding from its policy cache soon after)
+	waitFor("the consumer pod created with its served report", func() bool {
+		return admin.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-0", Labels: consumerLabels, Annotations: map[string]string{"routing.modelsphere.dev/served": demand}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}}}}) == nil
+	})
+	cport, cname := int32(8080), "http"
+	must(t, admin.Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: routes, Name: "openresty-1", Labels: map[string]string{discoveryv1.LabelServiceName: "openresty"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.2.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: routes, Name: "openresty-0"}}},
+		Ports: []discoveryv1.EndpointPort{{Name: &cname, Port: &cport}},
+	}))
+	zero := &v1alpha1.ModelRoute{}
+	must(t, yaml.Unmarshal([]byte(`
+apiVersion: routing.modelsphere.dev/v1alpha1
+kind: ModelRoute
+metadata: {name: zero, namespace: `+routes+`}
+spec:
+  discovery: {service: `+backends+`/zero}
+  nginx:
+    outputConfigMap: openresty-conf
+    service: openresty
+    peers:
+    - {use: backend, priority: 2}
+  scaleToZero:
+    target: {kind: Deployment, name: zero}
+    idleAfter: 10m
+`), zero))
+	must(t, admin.Create(ctx, zero))
+	zeroCondition := func(typ string) *metav1.Condition {
+		got := &v1alpha1.ModelRoute{}
+		must(t, admin.Get(ctx, client.ObjectKeyFromObject(zero), got))
+		for _, c := range got.Status.Conditions {
+			if strings.Contains(c.Message, "forbidden") {
+				t.Fatalf("the chart's RBAC is too narrow for scale to zero: %s %s: %s", c.Type, c.Reason, c.Message)
+			}
+		}
+		return meta.FindStatusCondition(got.Status.Conditions, typ)
+	}
+	waitFor("the route at zero written and its target woken", func() bool {
+		c := zeroCondition("Ready")
+		dep := &appsv1.Deployment{}
+		must(t, admin.Get(ctx, client.ObjectKey{Namespace: backends, Name: "zero"}, dep))
+		return c != nil && c.Reason == "ScaledToZero" && routeConf("session_route_zero.conf") != "" && *dep.Spec.Replicas == 1
+	})
+	must(t, admin.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+		ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "zero"}, MinReplicas: ptr.To[int32](1), MaxReplicas: 2,
+	}}))
+	must(t, admin.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "zero"}},
+		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test/touch":"1"}}}`))))
+	waitFor("idleAfter refused beside the HPA", func() bool {
+		c := zeroCondition(controller.TypeScaleToZero)
+		return c != nil && c.Reason == controller.ReasonIdleAfterRefused && strings.Contains(c.Message, "HorizontalPodAutoscaler/zero")
+	})
+	must(t, admin.Delete(ctx, zero))
+	waitFor("the zero route's key removed", func() bool { return routeConf("session_route_zero.conf") == "" })
 
 	// Deleting the route runs the finalizer as the ServiceAccount too.
 	must(t, admin.Delete(ctx, route))
