@@ -65,8 +65,15 @@ func renderGolden(t *testing.T, rel string, route *Route, snap Snapshot, base []
 	if err != nil {
 		t.Fatalf("%s: %v", rel, err)
 	}
+	return renderOutputs(t, "# "+rel+" compiled with testdata/snapshots/default.yaml\n", res, base)
+}
+
+// renderOutputs is a golden file's text: head, the result's warnings,
+// then each output rendered over base under its ConfigMap and key.
+func renderOutputs(t *testing.T, head string, res Result, base []byte) []byte {
+	t.Helper()
 	var got bytes.Buffer
-	got.WriteString("# " + rel + " compiled with testdata/snapshots/default.yaml\n")
+	got.WriteString(head)
 	for _, w := range res.Warnings {
 		got.WriteString("# warning: " + w + "\n")
 	}

@@ -77,36 +77,39 @@ func demandOf(t *testing.T, c *http.Client, route string) (demandEntry, bool) {
 	return d, ok
 }
 
-// holdAnswer is one request's outcome through the dispatch server.
-type holdAnswer struct {
-	code       int
-	body       string
-	retryAfter string
-	sent, done time.Time
-	err        error
-}
-
-func ask(url string) holdAnswer {
-	a := holdAnswer{sent: time.Now()}
-	resp, err := (&http.Client{Timeout: time.Minute}).Post(url+"v1/chat/completions", "application/json", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
-	a.done = time.Now()
-	if err != nil {
-		a.err = err
-		return a
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	a.code, a.body, a.retryAfter = resp.StatusCode, strings.TrimSpace(string(b)), resp.Header.Get("Retry-After")
-	return a
-}
-
 // askAll sends n requests at once and returns a channel of their answers.
-func askAll(url string, n int) <-chan holdAnswer {
-	out := make(chan holdAnswer, n)
+func askAll(url string, n int) <-chan nginxtest.Reply {
+	out := make(chan nginxtest.Reply, n)
 	for range n {
-		go func() { out <- ask(url) }()
+		go func() { out <- nginxtest.PostChat(url) }()
 	}
 	return out
+}
+
+// installHold installs route's file at zero endpoints with dynamic peers
+// and pushes its empty table (serial 1).
+func installHold(t *testing.T, n *nginxtest.Nginx, c *http.Client, route *Route) {
+	t.Helper()
+	conf, empty := holdOutputs(t, n, route, Snapshot{}, true)
+	installDynamic(t, n, RouteName(route), conf)
+	tb, err := peers.Parse(empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(t, c, tb, empty, 1)
+}
+
+// pushPod starts a backend answering "pod" (the woken pod) and pushes
+// route's table with it.
+func pushPod(t *testing.T, n *nginxtest.Nginx, c *http.Client, route *Route, serial int64) {
+	t.Helper()
+	be := newBackend(t, text("pod"))
+	_, full := holdOutputs(t, n, route, Snapshot{Backends: []Endpoint{be.endpoint(t)}}, true)
+	ft, err := peers.Parse(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(t, c, ft, full, serial)
 }
 
 func waitWaiting(t *testing.T, c *http.Client, route string, n int) {
@@ -149,13 +152,7 @@ func TestNginxHoldDynamic(t *testing.T) {
 	n := startDynamic(t)
 	c := controlClient(n)
 	route := holdRoute("zq", "30s", nil)
-	conf, empty := holdOutputs(t, n, route, Snapshot{}, true)
-	installDynamic(t, n, "zq", conf)
-	tb, err := peers.Parse(empty)
-	if err != nil {
-		t.Fatal(err)
-	}
-	push(t, c, tb, empty, 1)
+	installHold(t, n, c, route)
 	if d, ok := demandOf(t, c, "zq"); ok {
 		t.Fatalf("demand before any request registered the route: %+v", d)
 	}
@@ -166,24 +163,17 @@ func TestNginxHoldDynamic(t *testing.T) {
 	if got := metricValue(t, n, `autoconfig_engine_waiting_requests{route="zq"}`); got != "3" {
 		t.Errorf("waiting gauge %q, want 3", got)
 	}
-	be := newBackend(t, text("pod"))
-	snap := Snapshot{Backends: []Endpoint{be.endpoint(t)}}
-	_, full := holdOutputs(t, n, route, snap, true)
-	ft, err := peers.Parse(full)
-	if err != nil {
-		t.Fatal(err)
-	}
-	push(t, c, ft, full, 2)
+	pushPod(t, n, c, route, 2)
 	acked := time.Now()
 	for range 3 {
 		a := <-answers
-		if a.err != nil || a.code != 200 || a.body != "pod" {
-			t.Fatalf("held request: %d %q %v", a.code, a.body, a.err)
+		if a.Err != nil || a.Code != 200 || a.Body != "pod" {
+			t.Fatalf("held request: %d %q %v", a.Code, a.Body, a.Err)
 		}
-		if d := a.done.Sub(acked); d > time.Second {
+		if d := a.Done.Sub(acked); d > time.Second {
 			t.Errorf("a held request was answered %v after the push was acknowledged, want ≤ 1s", d)
 		}
-		t.Logf("held %v, answered %v after the acknowledgement", a.done.Sub(a.sent).Round(time.Millisecond), a.done.Sub(acked).Round(time.Millisecond))
+		t.Logf("held %v, answered %v after the acknowledgement", a.Done.Sub(a.Sent).Round(time.Millisecond), a.Done.Sub(acked).Round(time.Millisecond))
 	}
 	d, _ := demandOf(t, c, "zq")
 	if d.Waiting != 0 || d.HeldTotal != 3 || d.LastRequest < float64(before.Unix()) {
@@ -196,8 +186,8 @@ func TestNginxHoldDynamic(t *testing.T) {
 		t.Errorf("waiting gauge after the hold %q, want 0", got)
 	}
 	// With a peer, requests are not held.
-	if a := ask(n.URL("zq")); a.code != 200 {
-		t.Errorf("a request with a peer: %d", a.code)
+	if a := nginxtest.PostChat(n.URL("zq")); a.Code != 200 {
+		t.Errorf("a request with a peer: %d", a.Code)
 	}
 	if d, _ := demandOf(t, c, "zq"); d.HeldTotal != 3 {
 		t.Errorf("held total %d after a request with a peer, want 3", d.HeldTotal)
@@ -211,14 +201,11 @@ func TestNginxHoldTimeout(t *testing.T) {
 	n := startDynamic(t)
 	c := controlClient(n)
 	route := holdRoute("zt", "2s", nil)
-	conf, empty := holdOutputs(t, n, route, Snapshot{}, true)
-	installDynamic(t, n, "zt", conf)
-	tb, _ := peers.Parse(empty)
-	push(t, c, tb, empty, 1)
-	a := ask(n.URL("zt"))
-	took := a.done.Sub(a.sent)
-	if a.code != 503 || a.retryAfter == "" {
-		t.Fatalf("timed-out hold: %d Retry-After %q %q", a.code, a.retryAfter, a.body)
+	installHold(t, n, c, route)
+	a := nginxtest.PostChat(n.URL("zt"))
+	took := a.Done.Sub(a.Sent)
+	if a.Code != 503 || a.RetryAfter == "" {
+		t.Fatalf("timed-out hold: %d Retry-After %q %q", a.Code, a.RetryAfter, a.Body)
 	}
 	if took < 2*time.Second || took > 3500*time.Millisecond {
 		t.Errorf("timed-out hold answered after %v, want 2s (≤ 3.5s)", took)
@@ -231,12 +218,9 @@ func TestNginxHoldTimeout(t *testing.T) {
 	}
 	next := askAll(n.URL("zt"), 1)
 	waitWaiting(t, c, "zt", 1)
-	be := newBackend(t, text("pod"))
-	_, full := holdOutputs(t, n, route, Snapshot{Backends: []Endpoint{be.endpoint(t)}}, true)
-	ft, _ := peers.Parse(full)
-	push(t, c, ft, full, 2)
-	if a := <-next; a.code != 200 || a.body != "pod" {
-		t.Errorf("the request after a timed-out hold: %d %q", a.code, a.body)
+	pushPod(t, n, c, route, 2)
+	if a := <-next; a.Code != 200 || a.Body != "pod" {
+		t.Errorf("the request after a timed-out hold: %d %q", a.Code, a.Body)
 	}
 }
 
@@ -246,26 +230,20 @@ func TestNginxHoldMax(t *testing.T) {
 	n := startDynamic(t)
 	c := controlClient(n)
 	route := holdRoute("zm", "30s", map[string]string{"hold_max": "2"})
-	conf, empty := holdOutputs(t, n, route, Snapshot{}, true)
-	installDynamic(t, n, "zm", conf)
-	tb, _ := peers.Parse(empty)
-	push(t, c, tb, empty, 1)
+	installHold(t, n, c, route)
 	held := askAll(n.URL("zm"), 2)
 	waitWaiting(t, c, "zm", 2)
-	a := ask(n.URL("zm"))
-	if a.code != 503 || a.retryAfter == "" || a.done.Sub(a.sent) > time.Second {
-		t.Fatalf("the request past hold_max: %d Retry-After %q after %v, want 503 at once", a.code, a.retryAfter, a.done.Sub(a.sent))
+	a := nginxtest.PostChat(n.URL("zm"))
+	if a.Code != 503 || a.RetryAfter == "" || a.Done.Sub(a.Sent) > time.Second {
+		t.Fatalf("the request past hold_max: %d Retry-After %q after %v, want 503 at once", a.Code, a.RetryAfter, a.Done.Sub(a.Sent))
 	}
 	if got := metricValue(t, n, `autoconfig_engine_held_requests_total{route="zm",result="refused"}`); got != "1" {
 		t.Errorf("held refused counter %q, want 1", got)
 	}
-	be := newBackend(t, text("pod"))
-	_, full := holdOutputs(t, n, route, Snapshot{Backends: []Endpoint{be.endpoint(t)}}, true)
-	ft, _ := peers.Parse(full)
-	push(t, c, ft, full, 2)
+	pushPod(t, n, c, route, 2)
 	for range 2 {
-		if a := <-held; a.code != 200 {
-			t.Errorf("held request: %d %q", a.code, a.body)
+		if a := <-held; a.Code != 200 {
+			t.Errorf("held request: %d %q", a.Code, a.Body)
 		}
 	}
 	waitWaiting(t, c, "zm", 0)
@@ -307,14 +285,14 @@ func TestNginxHoldStaticReload(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 3 {
 		a := <-answers
-		if a.err != nil || a.code != 200 || a.body != "pod" {
-			t.Errorf("request held across the reload: %d %q %v", a.code, a.body, a.err)
+		if a.Err != nil || a.Code != 200 || a.Body != "pod" {
+			t.Errorf("request held across the reload: %d %q %v", a.Code, a.Body, a.Err)
 			continue
 		}
-		if d := a.done.Sub(reloaded); d > 1500*time.Millisecond {
+		if d := a.Done.Sub(reloaded); d > 1500*time.Millisecond {
 			t.Errorf("a held request was answered %v after the new workers started, want ≤ 1.5s", d)
 		}
-		t.Logf("held %v, answered %v after the new workers started", a.done.Sub(a.sent).Round(time.Millisecond), a.done.Sub(reloaded).Round(time.Millisecond))
+		t.Logf("held %v, answered %v after the new workers started", a.Done.Sub(a.Sent).Round(time.Millisecond), a.Done.Sub(reloaded).Round(time.Millisecond))
 	}
 	wg.Wait()
 	if err := n.WaitWorkersGone(ctx, old); err != nil {
@@ -337,9 +315,9 @@ func TestNginxNoHoldWithoutScaleToZero(t *testing.T) {
 	installDynamic(t, n, "zn", conf)
 	tb, empty := table(t, "zn")
 	push(t, c, tb, empty, 1)
-	a := ask(n.URL("zn"))
-	if a.code != 503 || a.done.Sub(a.sent) > time.Second {
-		t.Errorf("no peer without hold: %d after %v, want 503 at once", a.code, a.done.Sub(a.sent))
+	a := nginxtest.PostChat(n.URL("zn"))
+	if a.Code != 503 || a.Done.Sub(a.Sent) > time.Second {
+		t.Errorf("no peer without hold: %d after %v, want 503 at once", a.Code, a.Done.Sub(a.Sent))
 	}
 	if _, ok := demandOf(t, c, "zn"); ok {
 		t.Error("a route without hold_timeout is in the demand report")

@@ -37,17 +37,8 @@ func TestScaleToZeroAtZero(t *testing.T) {
 				if !res.ScaledToZero {
 					t.Error("Result.ScaledToZero is false at zero endpoints")
 				}
-				var got bytes.Buffer
-				got.WriteString("# " + rel + " compiled at zero backends\n")
-				for _, o := range res.Outputs {
-					data, err := o.Render(base)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got.WriteString("\n==> " + o.ConfigMap + "/" + o.Key + " <==\n")
-					got.Write(data)
-				}
-				out := got.String()
+				got := renderOutputs(t, "# "+rel+" compiled at zero backends\n", res, base)
+				out := string(got)
 				if !strings.Contains(out, `[ "hold_timeout" ] = "`) {
 					t.Error("the route file has no hold_timeout option")
 				}
@@ -56,7 +47,7 @@ func TestScaleToZeroAtZero(t *testing.T) {
 						t.Errorf("a tier at zero names %s (a dead or VIP peer): the engine must hold instead", ip)
 					}
 				}
-				checkGolden(t, filepath.Join(root, "testdata", "golden", "zero", name+suffix+".txt"), got.Bytes(), "TestScaleToZeroAtZero")
+				checkGolden(t, filepath.Join(root, "testdata", "golden", "zero", name+suffix+".txt"), got, "TestScaleToZeroAtZero")
 
 				// Without spec.scaleToZero: the fail-safe stays.
 				plain := clone(route)

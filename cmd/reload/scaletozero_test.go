@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"slices"
 	"sort"
 	"strings"
@@ -28,6 +26,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -129,31 +128,6 @@ func (f *fakeWorkload) times() (woke, slept, up []time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.wokeAt), slices.Clone(f.sleptAt), slices.Clone(f.upAt)
-}
-
-// heldAnswer is one request sent at zero.
-type heldAnswer struct {
-	sent, done time.Time
-	code       int
-	retryAfter string
-	body       string
-	err        error
-}
-
-func sendHeld(url string) heldAnswer {
-	a := heldAnswer{sent: time.Now()}
-	req, _ := http.NewRequest(http.MethodPost, url+"v1/chat/completions", strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
-	a.done = time.Now()
-	if err != nil {
-		a.err = err
-		return a
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	a.code, a.retryAfter, a.body = resp.StatusCode, resp.Header.Get("Retry-After"), strings.TrimSpace(string(b))
-	return a
 }
 
 // TestScaleToZeroEndToEnd is the whole loop on a real API server, the
@@ -277,12 +251,12 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 		}
 	}()
 	const n = 5
-	answers := make([]heldAnswer, n)
+	answers := make([]nginxtest.Reply, n)
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	for i := range n {
 		wg.Add(1)
-		go func() { defer wg.Done(); answers[i] = sendHeld(e.n0.URL("qwen")) }()
+		go func() { defer wg.Done(); answers[i] = nginxtest.PostChat(e.n0.URL("qwen")) }()
 	}
 	wg.Wait()
 	var served time.Time
@@ -308,11 +282,11 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	}
 	var lat []time.Duration
 	for i, a := range answers {
-		if a.err != nil || a.code != 200 || a.body != "qwen-pod" {
-			t.Errorf("held request %d: %d %q %v, want 200 from the woken pod", i, a.code, a.body, a.err)
+		if a.Err != nil || a.Code != 200 || a.Body != "qwen-pod" {
+			t.Errorf("held request %d: %d %q %v, want 200 from the woken pod", i, a.Code, a.Body, a.Err)
 			continue
 		}
-		d := a.done.Sub(served)
+		d := a.Done.Sub(served)
 		lat = append(lat, d)
 		if d > time.Second {
 			t.Errorf("held request %d answered %v after the engine took the endpoint, want ≤ 1s", i, d)
@@ -327,8 +301,8 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	// idleAfter: back to 0 after idle (+ one step at most), not before.
 	last := t0
 	for _, a := range answers {
-		if a.sent.After(last) {
-			last = a.sent
+		if a.Sent.After(last) {
+			last = a.Sent
 		}
 	}
 	reloadtest.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
@@ -356,21 +330,21 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	w.release = make(chan struct{})
 	rel := w.release
 	w.mu.Unlock()
-	late := sendHeld(e.n0.URL("qwen"))
-	took := late.done.Sub(late.sent)
-	if late.err != nil || late.code != 503 || late.retryAfter == "" {
-		t.Errorf("a hold past holdTimeout: %d Retry-After %q %v, want 503 with Retry-After", late.code, late.retryAfter, late.err)
+	late := nginxtest.PostChat(e.n0.URL("qwen"))
+	took := late.Done.Sub(late.Sent)
+	if late.Err != nil || late.Code != 503 || late.RetryAfter == "" {
+		t.Errorf("a hold past holdTimeout: %d Retry-After %q %v, want 503 with Retry-After", late.Code, late.RetryAfter, late.Err)
 	}
 	if took < hold || took > hold+1500*time.Millisecond {
 		t.Errorf("the timed-out hold was answered after %v, want %v (+1.5s at most)", took, hold)
 	}
-	again := make(chan heldAnswer, 1)
-	go func() { again <- sendHeld(e.n0.URL("qwen")) }()
+	again := make(chan nginxtest.Reply, 1)
+	go func() { again <- nginxtest.PostChat(e.n0.URL("qwen")) }()
 	time.Sleep(500 * time.Millisecond)
 	close(rel)
 	a := <-again
-	if a.err != nil || a.code != 200 || a.body != "qwen-pod" {
-		t.Errorf("the request after a timed-out hold: %d %q %v, want held and answered 200 by the pod", a.code, a.body, a.err)
+	if a.Err != nil || a.Code != 200 || a.Body != "qwen-pod" {
+		t.Errorf("the request after a timed-out hold: %d %q %v, want held and answered 200 by the pod", a.Code, a.Body, a.Err)
 	}
 
 	// Another autoscaler on the workload: idleAfter is refused (the

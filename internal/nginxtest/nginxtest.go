@@ -635,3 +635,31 @@ func Get(t testing.TB, url string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// Reply is one request's outcome, for tests that time answers (a held
+// request, a refusal).
+type Reply struct {
+	Code       int
+	Body       string // trimmed
+	RetryAfter string // the Retry-After header
+	Sent, Done time.Time
+	Err        error
+}
+
+// PostChat sends one OpenAI chat completion to url (a route's URL, e.g.
+// n.URL("qwen")) and returns how it was answered; it waits up to a
+// minute.
+func PostChat(url string) Reply {
+	a := Reply{Sent: time.Now()}
+	resp, err := (&http.Client{Timeout: time.Minute}).Post(url+"v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"hi"}]}`))
+	a.Done = time.Now()
+	if err != nil {
+		a.Err = err
+		return a
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	a.Code, a.Body, a.RetryAfter = resp.StatusCode, strings.TrimSpace(string(b)), resp.Header.Get("Retry-After")
+	return a
+}

@@ -54,12 +54,6 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 			b.c.Nodes, b.doc.Name, b.doc.Name)}
 		return
 	}
-	join := func(k string) string {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
-	}
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
@@ -74,7 +68,7 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 			return
 		}
 		for i, c := range n.Content {
-			b.walk(c, join(fmt.Sprint(i)))
+			b.walk(c, joinPath(path, fmt.Sprint(i)))
 		}
 	case yaml.MappingNode:
 		if len(n.Content)/2 > b.c.Entries {
@@ -87,7 +81,7 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k := n.Content[i]
 			b.nodes++
-			b.walk(n.Content[i+1], join(k.Value))
+			b.walk(n.Content[i+1], joinPath(path, k.Value))
 		}
 	}
 }

@@ -39,13 +39,16 @@ func Duplicates(n *yaml.Node) []Duplicate {
 	return out
 }
 
-func duplicates(n *yaml.Node, path string, out *[]Duplicate) {
-	join := func(k string) string {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
+// joinPath is the field path of key k under path ("" = the document).
+func joinPath(path, k string) string {
+	if path == "" {
+		return k
 	}
+	return path + "." + k
+}
+
+func duplicates(n *yaml.Node, path string, out *[]Duplicate) {
+	join := func(k string) string { return joinPath(path, k) }
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
