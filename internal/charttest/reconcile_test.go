@@ -2,11 +2,11 @@ package charttest
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -259,16 +260,18 @@ spec:
 	consumerLabels := map[string]string{"app": "openresty"}
 	must(t, admin.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty"},
 		Spec: corev1.ServiceSpec{Selector: consumerLabels, Ports: []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080)}}}}))
-	// The served report comes from the pod's own sidecar (a token bound to
-	// the pod, which the chart's admission policy requires); this test
-	// writes it as admin, so the policy's binding goes first.
-	must(t, admin.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-autoconfig-served-report"}}))
+	// The served report comes from the pod's own sidecar, with a token
+	// bound to the pod, as the chart's admission policy requires (the
+	// policies of every release installed in this API server judge it).
+	sidecarAccount(ctx, t, routes, "openresty")
+	consumer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-0", Labels: consumerLabels},
+		Spec: corev1.PodSpec{ServiceAccountName: "openresty", Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}}}}
+	must(t, admin.Create(ctx, consumer))
 	demand := `{"at":"2026-12-03T12:00:00Z","how":"reload","keys":{},"demand":{"zero":{"waiting":2,"last":"2026-12-03T12:00:00Z"}}}`
-	// (the API server drops the binding from its policy cache soon after)
-	waitFor("the consumer pod created with its served report", func() bool {
-		return admin.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-0", Labels: consumerLabels, Annotations: map[string]string{"routing.modelsphere.dev/served": demand}},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}}}}) == nil
-	})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{served.Annotation: demand}}})
+	must(t, err)
+	_, err = asPod(ctx, t, consumer).CoreV1().Pods(routes).Patch(ctx, consumer.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	must(t, err)
 	cport, cname := int32(8080), "http"
 	must(t, admin.Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: routes, Name: "openresty-1", Labels: map[string]string{discoveryv1.LabelServiceName: "openresty"}},

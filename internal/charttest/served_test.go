@@ -53,16 +53,7 @@ func TestServedReportOnlyByThePodItself(t *testing.T) {
 	}
 
 	must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: app}}))
-	must(t, k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "openresty"}}))
-	must(t, k8s.Create(ctx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "openresty-sidecars"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "patch"}}},
-	}))
-	must(t, k8s.Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Namespace: app, Name: "openresty-sidecars"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "openresty-sidecars"},
-		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: app, Name: "openresty"}},
-	}))
+	sidecarAccount(ctx, t, app, "openresty")
 	pods := map[string]*corev1.Pod{}
 	for _, name := range []string{"openresty-a", "openresty-b"} {
 		p := &corev1.Pod{
@@ -78,16 +69,7 @@ func TestServedReportOnlyByThePodItself(t *testing.T) {
 	// The token the kubelet would mount into pod a: bound to it.
 	admin, err := kubernetes.NewForConfig(testCfg)
 	must(t, err)
-	a := pods["openresty-a"]
-	tr, err := admin.CoreV1().ServiceAccounts(app).CreateToken(ctx, "openresty", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: a.Name, UID: a.UID},
-	}}, metav1.CreateOptions{})
-	must(t, err)
-	podCfg := rest.AnonymousClientConfig(testCfg)
-	podCfg.BearerToken = tr.Status.Token
-	asPodA, err := kubernetes.NewForConfig(podCfg)
-	must(t, err)
-
+	asPodA := asPod(ctx, t, pods["openresty-a"])
 	report := served.Report{At: time.Now().UTC().Truncate(time.Second), How: served.HowReload, Keys: map[string]string{"session_route_m.conf": served.ID([]byte("x"))}}
 	annotate := func(c kubernetes.Interface, pod string) error {
 		v, err := report.Marshal()
@@ -148,4 +130,40 @@ func TestServedReportOnlyByThePodItself(t *testing.T) {
 	if _, ok := b.Annotations[served.Annotation]; ok {
 		t.Fatalf("pod b has a served annotation it never wrote: %v", b.Annotations)
 	}
+}
+
+// sidecarAccount creates the consumers' ServiceAccount name in ns with the
+// rights their sidecars have on pods (get, list, patch: the reload
+// sidecar's served report on its own pod, hagate's labels on others).
+func sidecarAccount(ctx context.Context, t *testing.T, ns, name string) {
+	t.Helper()
+	must(t, k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}))
+	must(t, k8s.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-sidecars"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "patch"}}},
+	}))
+	must(t, k8s.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-sidecars"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name + "-sidecars"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: name}},
+	}))
+}
+
+// asPod is a client authenticated as the pod's ServiceAccount with the
+// token the kubelet would mount into it: bound to the pod (name and UID),
+// which is what the chart's served-report policy requires. p must have
+// been created (its UID set).
+func asPod(ctx context.Context, t *testing.T, p *corev1.Pod) kubernetes.Interface {
+	t.Helper()
+	admin, err := kubernetes.NewForConfig(testCfg)
+	must(t, err)
+	tr, err := admin.CoreV1().ServiceAccounts(p.Namespace).CreateToken(ctx, p.Spec.ServiceAccountName, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+	}}, metav1.CreateOptions{})
+	must(t, err)
+	cfg := rest.AnonymousClientConfig(testCfg)
+	cfg.BearerToken = tr.Status.Token
+	c, err := kubernetes.NewForConfig(cfg)
+	must(t, err)
+	return c
 }
