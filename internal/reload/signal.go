@@ -53,6 +53,10 @@ type signalTrigger struct {
 	// onReload, nil outside tests (testhooks.go), is called after every
 	// attempt.
 	onReload func(Outcome)
+	// onVerified, nil outside tests, is called with the content id found
+	// in place right before the signal (the last look; a swap after it
+	// reaches the target unchecked, and the target's own load refuses it).
+	onVerified func(id string)
 
 	lastPID int // target seen by the last socket sweep or signal (0 = none)
 }
@@ -183,6 +187,9 @@ func (s *signalTrigger) reload(ctx context.Context, snap Snapshot) Outcome {
 	if id, err := ContentID(s.dirs); err != nil || id != snap.ID {
 		o.Result, o.Err = ResultContentChanged, fmt.Errorf("content %q checked, %q in place now (%v)", snap.ID, id, err)
 		return o
+	}
+	if s.onVerified != nil {
+		s.onVerified(snap.ID)
 	}
 	if checked {
 		s.check.passed = snap.Fingerprint

@@ -9,6 +9,9 @@ type TestHooks struct {
 	Signaller Signaller
 	// OnReload, if set, is called after every reload attempt.
 	OnReload func(Outcome)
+	// OnVerified, if set, is called with the content id (ContentID) the
+	// Reloader found in place at its last look before a signal.
+	OnVerified func(contentID string)
 }
 
 // SetTestHooks installs h; call it before Run. For tests only.
@@ -17,4 +20,5 @@ func (r *Reloader) SetTestHooks(h TestHooks) {
 		r.sig.kill = h.Signaller
 	}
 	r.sig.onReload = h.OnReload
+	r.sig.onVerified = h.OnVerified
 }
