@@ -67,8 +67,8 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 			at, aliases = b.alias, ", counting what its aliases repeat"
 		}
 		b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-			"the document has more than %d values%s, the limit for one document (it bounds the schema's work; %s has a few hundred): is this file %s?",
-			b.c.Nodes, aliases, b.doc.Name, b.doc.Name)}
+			"the document has more than %d values%s, the limit for one document (it bounds %s; %s has a few hundred): is this file %s?",
+			b.c.Nodes, aliases, b.doc.work(), b.doc.Name, b.doc.Name)}
 		return
 	}
 	switch n.Kind {
@@ -90,8 +90,8 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		if len(n.Content) > b.c.Entries {
 			at := n.Content[b.c.Entries]
 			b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"%s: the list has %d entries, more than %d, the limit for one list (it bounds the schema's work; %s needs a handful): shorten it",
-				where(path), len(n.Content), b.c.Entries, b.doc.Name)}
+				"%s: the list has %d entries, more than %d, the limit for one list (it bounds %s; %s needs a handful): shorten it",
+				where(path), len(n.Content), b.c.Entries, b.doc.work(), b.doc.Name)}
 			return
 		}
 		for i, c := range n.Content {
@@ -101,8 +101,8 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		if len(n.Content)/2 > b.c.Entries {
 			at := n.Content[2*b.c.Entries]
 			b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"%s: the mapping has %d keys, more than %d, the limit for one mapping (it bounds the schema's work; %s needs a few dozen): shorten it",
-				where(path), len(n.Content)/2, b.c.Entries, b.doc.Name)}
+				"%s: the mapping has %d keys, more than %d, the limit for one mapping (it bounds %s; %s needs a few dozen): shorten it",
+				where(path), len(n.Content)/2, b.c.Entries, b.doc.work(), b.doc.Name)}
 			return
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -111,6 +111,14 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 			b.walk(n.Content[i+1], joinPath(path, k.Value))
 		}
 	}
+}
+
+// work is what Counts bound for doc: Doc.Work, else the schema's work.
+func (d Doc) work() string {
+	if d.Work != "" {
+		return d.Work
+	}
+	return "the schema's work"
 }
 
 func where(path string) string {
