@@ -479,3 +479,23 @@ func TestSyntaxErrorLargeFile(t *testing.T) {
 		t.Errorf("allocated %d bytes for a %d-byte file", n, len(src))
 	}
 }
+
+// A JSON route holding U+FFFE raw (kubectl get -o json may) is bounded
+// like any other: yaml.v3, which counts, refused the raw character, and
+// 8,000 peers reached the schema (2.3 s and 358 MB).
+func TestValidateStreamTooManyJSON(t *testing.T) {
+	v := mustValidator(t)
+	src := `{"apiVersion": "routing.modelsphere.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "j", "labels": {"a": "` + "\ufffe" + `"}}, "spec": {"discovery": {"service": "q"}, "nginx": {"outputConfigMap": "c", "peers": [` + strings.TrimSuffix(strings.Repeat(`{"use": "backend"}, `, 8000), ", ") + `]}}}`
+	var docs []schema.Document
+	n := allocated(func() { docs = v.ValidateStream("a.json", []byte(src)) })
+	var inv *schema.InvalidError
+	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) || len(inv.Problems) != 1 {
+		t.Fatalf("got %d documents, want one with one problem", len(docs))
+	}
+	if got, want := inv.Problems[0].String(), "spec.nginx.peers: the list has 8000 entries, more than 1000, the limit for one list"; !strings.Contains(got, want) {
+		t.Errorf("got  %s\nwant …%s…", got, want)
+	}
+	if n > 20<<20 {
+		t.Errorf("allocated %d bytes refusing %d bytes", n, len(src))
+	}
+}
