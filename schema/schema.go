@@ -187,14 +187,27 @@ var routeDoc = yamlscan.Doc{Name: "a ModelRoute", Depth: 15, TooLarge: "split it
 // managedFields included, has a few hundred nodes.
 var routeCounts = yamlscan.Counts{Entries: 1000, Nodes: 5000}
 
+// MaxRoutes and MaxRouteValues bound the route documents of one file
+// together, as routeCounts bounds one: the schema spends about a
+// millisecond on every route document, however small, and 0.03-0.08 ms on
+// every value (1,300 minimal routes in 200 KB took 1.7 s; 29,000 empty
+// documents `--- {}` 27 s; 12 documents of 999 peers 2 s and 107 MB). A
+// file within both is validated in well under a second; more routes go in
+// several files (vet takes a directory).
+const (
+	MaxRoutes      = 100
+	MaxRouteValues = 5000
+)
+
 // ValidateStream validates every YAML document of src. A YAML syntax error
 // ends the stream with one Document carrying the error. A file larger than
 // yamlscan.MaxBytes or nested deeper than yamlscan.MaxDepth is refused
 // before any parser sees it (one Document with an *InvalidError), and so
-// is a file that is not UTF-8 (a *SyntaxError at the byte). A route whose
-// mappings repeat a key gets an *InvalidError naming each repeat and the
-// key it repeats, instead of the schema's verdict on whichever value the
-// parser kept.
+// is a file that is not UTF-8 (a *SyntaxError at the byte), and one whose
+// route documents are more than routeCounts allows alone or MaxRoutes and
+// MaxRouteValues together. A route whose mappings repeat a key gets an
+// *InvalidError naming each repeat and the key it repeats, instead of the
+// schema's verdict on whichever value the parser kept.
 func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 	if err := yamlscan.Check(src, routeDoc); err != nil {
 		var e *yamlscan.Error
@@ -204,15 +217,17 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 		}
 		return []Document{{File: filename, Line: e.Line, Err: &InvalidError{Problems: []Problem{{File: filename, Line: e.Line, Column: e.Column, Message: e.Message}}}}}
 	}
-	if e := tooMany(src); e != nil {
-		return []Document{{File: filename, Line: e.Line, Err: &InvalidError{Problems: []Problem{{File: filename, Line: e.Line, Column: e.Column, Message: e.Message}}}}}
-	}
 	if json.Valid(src) {
 		// A JSON document (kubectl get -o json) may hold U+FFFE and
 		// U+FFFF raw, which YAML (JSON's superset otherwise) refuses as
 		// control characters; in valid JSON they can only be inside
-		// strings, where the escapes mean the same.
+		// strings, where the escapes mean the same. Before the bounds:
+		// yaml.v3 refuses them too, which left such a file unbounded
+		// (8,000 peers and one U+FFFE: 2.3 s and 358 MB).
 		src = bytes.ReplaceAll(bytes.ReplaceAll(src, []byte("\ufffe"), []byte(`\ufffe`)), []byte("\uffff"), []byte(`\uffff`))
+	}
+	if e := tooMany(src); e != nil {
+		return []Document{{File: filename, Line: e.Line, Err: &InvalidError{Problems: []Problem{{File: filename, Line: e.Line, Column: e.Column, Message: e.Message}}}}}
 	}
 	v.mu.Lock()
 	docs := v.validateStream(filename, src)
@@ -221,29 +236,50 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 }
 
 // tooMany is the first route document of src that is larger than
-// routeCounts, read by yaml.v3 (milliseconds for a 4 MiB file). Documents
-// of other kinds (a CRD has thousands of nodes) are not bounded: vet
-// skips them. A syntax error ends the scan; the schema reports it.
+// routeCounts, or the first that takes the file past MaxRoutes or
+// MaxRouteValues, read by yaml.v3 (milliseconds for a 4 MiB file).
+// Documents of other kinds (a CRD has thousands of nodes) and empty ones
+// are not bounded: vet skips them. A syntax error ends the scan; the
+// schema reports it.
 func tooMany(src []byte) *yamlscan.Error {
 	dec := yaml.NewDecoder(bytes.NewReader(src))
+	routes, values := 0, 0
 	for {
 		var node yaml.Node
 		if err := dec.Decode(&node); err != nil {
 			return nil
 		}
-		if len(node.Content) == 1 && node.Content[0].Kind == yaml.MappingNode {
+		if len(node.Content) != 1 {
+			continue
+		}
+		switch top := node.Content[0]; {
+		case top.Kind == yaml.ScalarNode && top.ShortTag() == "!!null":
+			continue // an empty document
+		case top.Kind == yaml.MappingNode:
 			var head struct {
 				APIVersion string `yaml:"apiVersion"`
 				Kind       string `yaml:"kind"`
 			}
-			if node.Content[0].Decode(&head) == nil && otherKind(head.APIVersion, head.Kind) != "" {
+			if top.Decode(&head) == nil && otherKind(head.APIVersion, head.Kind) != "" {
 				continue
 			}
 		}
-		if err := yamlscan.Bounds(&node, routeCounts, routeDoc); err != nil {
+		n, err := yamlscan.Count(&node, routeCounts, routeDoc)
+		if err != nil {
 			var e *yamlscan.Error
 			errors.As(err, &e)
 			return e
+		}
+		at := node.Content[0]
+		if routes++; routes > MaxRoutes {
+			return &yamlscan.Error{Kind: yamlscan.TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
+				"this is ModelRoute document %d of the file, more than %d, the limit for one file (it bounds the schema's work, about a millisecond a route): split the file (vet takes a directory)",
+				routes, MaxRoutes)}
+		}
+		if values += n; values > MaxRouteValues {
+			return &yamlscan.Error{Kind: yamlscan.TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
+				"with this document the file's ModelRoute documents have %d values, more than %d, the limit for one file (it bounds the schema's work; a route has a few dozen): split the file (vet takes a directory)",
+				values, MaxRouteValues)}
 		}
 	}
 }
@@ -296,7 +332,7 @@ func (v *Validator) validateStream(filename string, src []byte) []Document {
 		if err != nil {
 			line, col := yamlErrPos(err)
 			msg := yamlErrMsg(err)
-			if l, c, m, ok := syntaxErrorAt(src); ok {
+			if l, c, m, ok := syntaxErrorAt(src, line); ok {
 				line, col, msg = l, c, m
 			}
 			docs = append(docs, Document{File: filename, Line: line, Err: &SyntaxError{File: filename, Line: line, Column: col, Message: msg}})
@@ -308,6 +344,12 @@ func (v *Validator) validateStream(filename string, src []byte) []Document {
 		}
 		if other := otherKind(stringField(expr, "apiVersion"), stringField(expr, "kind")); other != "" {
 			docs = append(docs, Document{File: filename, Line: line, OtherKind: other})
+			continue
+		}
+		if _, ok := expr.(*ast.StructLit); !ok {
+			// The schema's own message would print the whole
+			// definition (14 KB for `--- 1`).
+			docs = append(docs, notMapping(filename, expr.Pos().Line(), expr.Pos().Column(), describeExpr(expr)))
 			continue
 		}
 		// BuildExpr, not CompileBytes: a long-lived cue.Context keeps every
@@ -362,13 +404,16 @@ func (v *Validator) validatePlain(filename string, src []byte) []Document {
 		if data == nil {
 			continue
 		}
-		if m, ok := data.(map[string]any); ok {
-			av, _ := m["apiVersion"].(string)
-			k, _ := m["kind"].(string)
-			if other := otherKind(av, k); other != "" {
-				docs = append(docs, Document{File: filename, Line: node.Line, OtherKind: other})
-				continue
-			}
+		m, ok := data.(map[string]any)
+		if !ok {
+			docs = append(docs, notMapping(filename, node.Line, 0, fmt.Sprintf("a %T", data)))
+			continue
+		}
+		av, _ := m["apiVersion"].(string)
+		k, _ := m["kind"].(string)
+		if other := otherKind(av, k); other != "" {
+			docs = append(docs, Document{File: filename, Line: node.Line, OtherKind: other})
+			continue
 		}
 		b, err := json.Marshal(data)
 		if err != nil {
@@ -384,6 +429,28 @@ func (v *Validator) validatePlain(filename string, src []byte) []Document {
 		docs = append(docs, Document{File: filename, Line: node.Line, Route: r, Err: err})
 	}
 	return docs
+}
+
+// notMapping is a document that is not a mapping (a scalar or a list),
+// which no ModelRoute can be; what describes it.
+func notMapping(filename string, line, col int, what string) Document {
+	return Document{File: filename, Line: line, Err: &InvalidError{Problems: []Problem{{File: filename, Line: line, Column: col,
+		Message: fmt.Sprintf("a ModelRoute document is a mapping of fields (apiVersion, kind, metadata, spec), not %s", what)}}}}
+}
+
+// describeExpr names a document's value for notMapping: a scalar by its
+// text (cut at 40 bytes), else its kind.
+func describeExpr(expr ast.Expr) string {
+	switch x := expr.(type) {
+	case *ast.BasicLit:
+		if r := []rune(x.Value); len(r) > 40 {
+			return string(r[:40]) + "…"
+		}
+		return x.Value
+	case *ast.ListLit:
+		return "a list"
+	}
+	return fmt.Sprintf("%T", expr)
 }
 
 // escapeBOM writes U+FEFF in JSON text as an escape: encoding/json writes
@@ -445,16 +512,69 @@ func (v *Validator) ValidateObject(in *v1alpha1.ModelRoute) (*v1alpha1.ModelRout
 // yamlErrAt matches the "file:line: " a YAML decoder error starts with.
 var yamlErrAt = regexp.MustCompile(`^(?:.*?:)?(\d+): `)
 
+// syntaxWindow is the most of a file the second parser is given to
+// locate a syntax error: goccy/go-yaml allocates 200-550 bytes per byte
+// of input and holds them all (a 200 KB file of nested flow lists: 106 MB
+// and 143 MB resident).
+const syntaxWindow = 64 << 10
+
 // syntaxErrorAt locates a YAML syntax error with a second parser that
 // gives columns (CUE's decoder reports the line only); ok is false when
-// that parser finds no syntax error.
-func syntaxErrorAt(src []byte) (line, col int, msg string, ok bool) {
-	_, err := goccyparser.ParseBytes(src, 0)
+// that parser finds no syntax error, or when the documents around line
+// (the decoder's line of the error, 0 if unknown: the whole file), the one
+// holding it and the one before, are larger than syntaxWindow.
+func syntaxErrorAt(src []byte, line int) (errLine, col int, msg string, ok bool) {
+	start, end, first := documentsAround(src, line)
+	if end-start > syntaxWindow {
+		return 0, 0, "", false
+	}
+	_, err := goccyparser.ParseBytes(src[start:end], 0)
 	var se *goccyyaml.SyntaxError
 	if !errors.As(err, &se) || se.Token == nil || se.Token.Position == nil {
 		return 0, 0, "", false
 	}
-	return se.Token.Position.Line, se.Token.Position.Column, se.Message, true
+	return first - 1 + se.Token.Position.Line, se.Token.Position.Column, se.Message, true
+}
+
+// documentsAround is the byte range of src from the start of the document
+// before the one holding line to the end of the one holding line, and the
+// line the range starts on. Documents are split at the lines that start
+// with a document marker (--- or ...), which YAML forbids inside any
+// document's content; the document before is included because a decoder
+// reports an unclosed collection or quote at the next marker. Line 0 is
+// the whole of src.
+func documentsAround(src []byte, line int) (start, end, first int) {
+	if line <= 0 {
+		return 0, len(src), 1
+	}
+	// starts holds the byte offset and line of the last two marker lines
+	// at or before line (the file's start counts as one).
+	type mark struct{ off, line int }
+	prev, cur := mark{0, 1}, mark{0, 1}
+	off := 0
+	for n := 1; off < len(src); n++ {
+		next := len(src)
+		if i := bytes.IndexByte(src[off:], '\n'); i >= 0 {
+			next = off + i + 1
+		}
+		if n > 1 && isDocMarker(src[off:next]) {
+			if n > line {
+				return prev.off, off, prev.line
+			}
+			prev, cur = cur, mark{off, n}
+		}
+		off = next
+	}
+	return prev.off, len(src), prev.line
+}
+
+// isDocMarker reports a line that starts with --- or ... followed by a
+// space, a tab or the line's end.
+func isDocMarker(l []byte) bool {
+	if len(l) < 3 || string(l[:3]) != "---" && string(l[:3]) != "..." {
+		return false
+	}
+	return len(l) == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\n' || l[3] == '\r'
 }
 
 // yamlErrPos is the line and column of a YAML syntax error: its CUE

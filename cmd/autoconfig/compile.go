@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/cli"
@@ -292,8 +293,18 @@ func writeCompiled(o *compileOptions, outs []compiled, stdout io.Writer) error {
 	return nil
 }
 
+// cartDoc words the messages of a --base-cart file refused before it is
+// rendered.
+var cartDoc = yamlscan.Doc{Name: "a CART config", Depth: 10, TooLarge: "pass the CART chart's config.yaml", Work: "the memory of rewriting it"}
+
+// cartCounts bounds a --base-cart file: rewriting it (yaml.v3 parses and
+// prints the whole file) takes about 1 KB a value, 259 MB for 200 KB of
+// nested lists; the CART chart's config.yaml has a few dozen.
+var cartCounts = yamlscan.Counts{Entries: 1000, Nodes: 5000}
+
 // readBaseCart reads the --base-cart file, refused like every YAML file
-// autoconfig reads when it is too large, not UTF-8 or too deeply nested.
+// autoconfig reads when it is too large, not UTF-8, too deeply nested, or
+// has more values than cartCounts.
 func readBaseCart(name string) ([]byte, error) {
 	f, err := os.Open(name)
 	if err != nil {
@@ -304,8 +315,15 @@ func readBaseCart(name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := yamlscan.Check(b, yamlscan.Doc{Name: "a CART config", Depth: 10, TooLarge: "pass the CART chart's config.yaml"}); err != nil {
+	if err := yamlscan.Check(b, cartDoc); err != nil {
 		return nil, fmt.Errorf("--base-cart %s:%w", name, err)
+	}
+	// A file yaml.v3 cannot parse is the renderer's to report.
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) == nil {
+		if err := yamlscan.Bounds(&doc, cartCounts, cartDoc); err != nil {
+			return nil, fmt.Errorf("--base-cart %s:%w", name, err)
+		}
 	}
 	return b, nil
 }

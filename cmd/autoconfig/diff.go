@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
@@ -57,15 +58,30 @@ func (o *clusterOptions) compileOptions() compiler.Options {
 	return compiler.Options{SockDir: o.sockDir, DynamicPeers: o.dynamicPeers}
 }
 
-// client builds the live client and the namespace routes default to.
-func (o *clusterOptions) client() (client.Client, string, error) {
+// restConfig is the kubeconfig's REST config, with the controller's
+// client rate limits, and the namespace routes default to. diff and
+// compile --from-cluster read a few objects a route, one route after
+// another: at client-go's default, 5 QPS, a file of 100 routes took 56 s
+// of which 0.8 s of CPU (the pacing is the API server's Priority and
+// Fairness, as for the controller).
+func (o *clusterOptions) restConfig() (*rest.Config, string, error) {
 	cfg, contextNS, err := kubeclient.Load(o.kubeconfig, o.context)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
+	cfg.QPS, cfg.Burst = DefaultKubeAPIQPS, DefaultKubeAPIBurst
 	ns := o.namespace
 	if ns == "" {
 		ns = contextNS
+	}
+	return cfg, ns, nil
+}
+
+// client builds the live client and the namespace routes default to.
+func (o *clusterOptions) client() (client.Client, string, error) {
+	cfg, ns, err := o.restConfig()
+	if err != nil {
+		return nil, "", err
 	}
 	scheme, err := routeScheme()
 	if err != nil {

@@ -45,8 +45,9 @@ GitOps directory or "helm template ... | autoconfig vet -" can be checked;
 --strict-kinds reports them as problems instead.
 Before parsing, a file larger than 4 MiB, with a byte that is not UTF-8, or
 nested deeper than 100 levels (a ModelRoute needs fewer than 15) is refused
-at its line; a mapping key that repeats is an error at the repeat, naming
-the line of the first.
+at its line, and so is a file of more than 100 ModelRoute documents or
+5,000 values in them (split it), at the document past the limit; a mapping
+key that repeats is an error at the repeat, naming the line of the first.
 Exit status: 0 all valid, 1 any invalid or conflicting, 2 usage error.
 
 The same verdict without this binary:

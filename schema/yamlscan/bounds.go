@@ -26,15 +26,25 @@ type Counts struct {
 const TooMany Kind = TooDeep + 1
 
 // Bounds refuses a document n that has more entries in one collection or
-// more nodes than c allows; doc words the message. Aliases are not
-// followed (an alias is one node). Nil or an *Error.
+// more nodes than c allows; doc words the message. An alias counts as the
+// nodes it repeats (a schema evaluator is given the expanded document: 999
+// aliases of one peer of 46 fields, a 3.5 KB file, were 46,000 values for
+// CUE, 9 s and 470 MB), so the walk follows aliases and stops at the
+// limit. Nil or an *Error.
 func Bounds(n *yaml.Node, c Counts, doc Doc) error {
+	_, err := Count(n, c, doc)
+	return err
+}
+
+// Count is Bounds that also returns the nodes of n it counted (all of
+// them when the error is nil).
+func Count(n *yaml.Node, c Counts, doc Doc) (int, error) {
 	b := bounder{c: c, doc: doc}
 	b.walk(n, "")
 	if b.err != nil {
-		return b.err
+		return b.nodes, b.err
 	}
-	return nil
+	return b.nodes, nil
 }
 
 type bounder struct {
@@ -42,6 +52,9 @@ type bounder struct {
 	doc   Doc
 	nodes int
 	err   *Error
+	// alias is the outermost alias being expanded: a limit passed inside
+	// its expansion is reported there.
+	alias *yaml.Node
 }
 
 func (b *bounder) walk(n *yaml.Node, path string) {
@@ -49,12 +62,26 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		return
 	}
 	if b.nodes++; b.nodes > b.c.Nodes {
-		b.err = &Error{Kind: TooMany, Line: n.Line, Column: n.Column, Message: fmt.Sprintf(
-			"the document has more than %d values, the limit for one document (it bounds the schema's work; %s has a few hundred): is this file %s?",
-			b.c.Nodes, b.doc.Name, b.doc.Name)}
+		at, aliases := n, ""
+		if b.alias != nil {
+			at, aliases = b.alias, ", counting what its aliases repeat"
+		}
+		b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
+			"the document has more than %d values%s, the limit for one document (it bounds %s; %s has a few hundred): is this file %s?",
+			b.c.Nodes, aliases, b.doc.work(), b.doc.Name, b.doc.Name)}
 		return
 	}
 	switch n.Kind {
+	case yaml.AliasNode:
+		if n.Alias == nil {
+			return
+		}
+		b.nodes-- // the alias stands for its anchor's node
+		if b.alias == nil {
+			b.alias = n
+			defer func() { b.alias = nil }()
+		}
+		b.walk(n.Alias, path)
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
 			b.walk(c, path)
@@ -63,8 +90,8 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		if len(n.Content) > b.c.Entries {
 			at := n.Content[b.c.Entries]
 			b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"%s: the list has %d entries, more than %d, the limit for one list (it bounds the schema's work; %s needs a handful): shorten it",
-				where(path), len(n.Content), b.c.Entries, b.doc.Name)}
+				"%s: the list has %d entries, more than %d, the limit for one list (it bounds %s; %s needs a handful): shorten it",
+				where(path), len(n.Content), b.c.Entries, b.doc.work(), b.doc.Name)}
 			return
 		}
 		for i, c := range n.Content {
@@ -74,8 +101,8 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 		if len(n.Content)/2 > b.c.Entries {
 			at := n.Content[2*b.c.Entries]
 			b.err = &Error{Kind: TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"%s: the mapping has %d keys, more than %d, the limit for one mapping (it bounds the schema's work; %s needs a few dozen): shorten it",
-				where(path), len(n.Content)/2, b.c.Entries, b.doc.Name)}
+				"%s: the mapping has %d keys, more than %d, the limit for one mapping (it bounds %s; %s needs a few dozen): shorten it",
+				where(path), len(n.Content)/2, b.c.Entries, b.doc.work(), b.doc.Name)}
 			return
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -84,6 +111,14 @@ func (b *bounder) walk(n *yaml.Node, path string) {
 			b.walk(n.Content[i+1], joinPath(path, k.Value))
 		}
 	}
+}
+
+// work is what Counts bound for doc: Doc.Work, else the schema's work.
+func (d Doc) work() string {
+	if d.Work != "" {
+		return d.Work
+	}
+	return "the schema's work"
 }
 
 func where(path string) string {

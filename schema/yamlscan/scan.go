@@ -72,6 +72,9 @@ type Doc struct {
 	Depth int
 	// TooLarge says what to do with a file larger than MaxBytes.
 	TooLarge string
+	// Work is what Counts bound in the messages of Bounds ("" = the
+	// schema's work).
+	Work string
 }
 
 // Check refuses src when it is larger than MaxBytes, is not UTF-8 (nor
