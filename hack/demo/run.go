@@ -211,10 +211,10 @@ func (d *demo) startController(ctx context.Context, sockDir string) error {
 		return err
 	}
 	d.say("autoconfig %s", shellJoin(args))
-	d.say("logs: %s", p.logPath)
+	d.say("logs: %s", p.LogPath)
 	return d.waitFor(ctx, "controller /readyz", func() (bool, error) {
-		if p.exited() {
-			return false, fmt.Errorf("controller exited: %s", p.tail())
+		if p.Exited() {
+			return false, fmt.Errorf("controller exited: %s", tail(p))
 		}
 		return httpOK("http://" + d.ctrlHealth + "/readyz"), nil
 	})
@@ -261,7 +261,7 @@ func (d *demo) startNginx(ctx context.Context) error {
 		return err
 	}
 	d.say("reload %s", shellJoin(args))
-	d.say("logs: %s", p.logPath)
+	d.say("logs: %s", p.LogPath)
 	return nil
 }
 
