@@ -209,7 +209,7 @@ func TestAppliedEndToEnd(t *testing.T) {
 		t.Helper()
 		var rt v1alpha1.ModelRoute
 		var last string
-		reloadtest.WaitFor(t, wait, "Applied="+string(status)+"/"+reason+" synced="+synced, func() bool {
+		testbin.WaitFor(t, wait, "Applied="+string(status)+"/"+reason+" synced="+synced, func() bool {
 			must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen"}, &rt))
 			c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
 			if c == nil {

@@ -26,8 +26,8 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/peers"
-	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -253,7 +253,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 		}
 		// Each poll reads the API server three times: every 20 ms, not
 		// faster, on a loaded machine.
-		reloadtest.WaitUntil(t, wait, 20*time.Millisecond, what, why)
+		testbin.WaitUntil(t, wait, 20*time.Millisecond, what, why)
 		t.Logf("%s: served %s after the change", what, time.Since(start).Round(time.Millisecond))
 	}
 

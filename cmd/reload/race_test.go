@@ -105,7 +105,7 @@ func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
 	// End on good content: it must be served.
 	swaps++
 	reloadtest.KubeletSwap(t, dir, good(swaps))
-	reloadtest.WaitFor(t, wait, "the last good version to be served", func() bool {
+	testbin.WaitFor(t, wait, "the last good version to be served", func() bool {
 		_, body := nginxtest.Get(t, n.URL("a"))
 		return body == fmt.Sprintf("g%d\n", swaps)
 	})

@@ -28,7 +28,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/peers"
-	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -222,14 +222,14 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	}
 	atZero := func(what string) {
 		t.Helper()
-		reloadtest.WaitFor(t, wait, what, func() bool {
+		testbin.WaitFor(t, wait, what, func() bool {
 			r := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeReady)
 			tab, err := peers.Parse([]byte(cm()[peers.Key("qwen")]))
 			return r != nil && r.Status == metav1.ConditionTrue && r.Reason == compiler.ReasonScaledToZero && err == nil && len(tab.Tiers) == 0 && enginePeers() == 0
 		})
 	}
 	atZero("qwen Ready with reason ScaledToZero, its engine holding an empty table")
-	reloadtest.WaitFor(t, wait, "plain NoBackends", func() bool {
+	testbin.WaitFor(t, wait, "plain NoBackends", func() bool {
 		r := meta.FindStatusCondition(route("plain").Status.Conditions, controller.TypeReady)
 		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == controller.ReasonNoBackends
 	})
@@ -305,7 +305,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 			last = a.Sent
 		}
 	}
-	reloadtest.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
+	testbin.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
 		_, slept, _ := w.times()
 		return len(slept) == 1
 	})
@@ -354,7 +354,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	}}))
 	must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
 		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test/touch":"1"}}}`))))
-	reloadtest.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
+	testbin.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
 		c := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeScaleToZero)
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.ReasonIdleAfterRefused && strings.Contains(c.Message, "HorizontalPodAutoscaler/qwen-hpa")
 	})
@@ -368,7 +368,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 func hasEvent(ctx context.Context, t *testing.T, k8s client.Client, ns, name, reason string) bool {
 	t.Helper()
 	ok := false
-	reloadtest.WaitFor(t, 10*time.Second, fmt.Sprintf("event %s on %s", reason, name), func() bool {
+	testbin.WaitFor(t, 10*time.Second, fmt.Sprintf("event %s on %s", reason, name), func() bool {
 		var l eventsv1.EventList
 		if err := k8s.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return false

@@ -22,6 +22,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/reload"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // nginxWait bounds every wait of these tests; nothing is a timing
@@ -219,7 +220,7 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 		}
 	})
 	<-r.Started()
-	reloadtest.WaitFor(t, nginxWait, "the start push of r", func() bool { return engineVersion(ctl, "r") == vR })
+	testbin.WaitFor(t, nginxWait, "the start push of r", func() bool { return engineVersion(ctl, "r") == vR })
 	pushes := func(result string) float64 {
 		return metric(t, reg, "autoconfig_reload_peers_pushes_total", "result", result)
 	}
@@ -243,14 +244,14 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	tabMM, vMM := peersTable(t, "r", "10.0.0.9")
 	files[peers.Key("mm")] = tabMM
 	reloadtest.KubeletSwap(t, dir, files)
-	reloadtest.WaitFor(t, nginxWait, "the refusal of peers_mm.json", func() bool {
+	testbin.WaitFor(t, nginxWait, "the refusal of peers_mm.json", func() bool {
 		if v := engineVersion(ctl, "r"); v == vMM {
 			t.Fatalf("the engine holds peers_mm.json's table as r's (%s): a table was pushed to the route its route field names, not its key's", v)
 		}
 		return pushes(reload.PushInvalid) == 1
 	})
 	base := logs.count("no peers table taken")
-	reloadtest.WaitFor(t, nginxWait, "three resyncs with peers_mm.json refused", func() bool {
+	testbin.WaitFor(t, nginxWait, "three resyncs with peers_mm.json refused", func() bool {
 		return logs.count("no peers table taken") >= base+3
 	})
 	if got := pushes(reload.PushInvalid); got != 1 {
@@ -276,7 +277,7 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	reloadtest.KubeletSwap(t, dir, files)
 	// no_route pushes: the change's, the one after the reload, then one at
 	// resync ticks 1, 2 and 4 after it: 7 resyncs or more.
-	reloadtest.WaitFor(t, nginxWait, "five no_route pushes of peers_ghost.json", func() bool {
+	testbin.WaitFor(t, nginxWait, "five no_route pushes of peers_ghost.json", func() bool {
 		if h := hups(); h > 1 {
 			t.Fatalf("%d SIGHUPs for peers_ghost.json, want at most 1:\n%s", h, n.ErrorLog())
 		}
@@ -300,8 +301,8 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	before, taken := hups(), pushes(reload.PushAccepted)
 	files["session_route_ghost.conf"] = routeFile("ghost")
 	reloadtest.KubeletSwap(t, dir, files)
-	reloadtest.WaitFor(t, nginxWait, "the engine to hold ghost's table", func() bool { return engineVersion(ctl, "ghost") == vG })
-	reloadtest.WaitFor(t, nginxWait, "the report naming ghost's table", func() bool {
+	testbin.WaitFor(t, nginxWait, "the engine to hold ghost's table", func() bool { return engineVersion(ctl, "ghost") == vG })
+	testbin.WaitFor(t, nginxWait, "the report naming ghost's table", func() bool {
 		l := rep.get()
 		last := l[len(l)-1]
 		return last.Keys[peers.Key("ghost")] == served.ID([]byte(tabG)) && last.Peers["ghost"] == vG

@@ -17,6 +17,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // fakeEngine answers the control protocol on <dir>/autoconfig@control.sock
@@ -138,7 +139,7 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 		reportTo(rep.add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
 	// At start the tables are pushed once the engine listens.
 	_, v0 := table(t, "r", "10.0.0.1")
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	for i, ips := range [][]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.2"}, {"10.0.0.3", "10.0.0.4"}} {
 		f, v := dynFiles(t, "conf 1\n", ips...)
@@ -167,9 +168,9 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	f, v := dynFiles(t, "conf 2\n", "10.0.0.9")
 	before := eng.pushCount()
 	reloadtest.KubeletSwap(t, dir, f)
-	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
-	reloadtest.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
-	reloadtest.WaitFor(t, wait, "the report", func() bool {
+	testbin.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+	testbin.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
+	testbin.WaitFor(t, wait, "the report", func() bool {
 		last := rep.get()[len(rep.get())-1]
 		return last.How == served.HowSignal && last.Keys[peers.Key("r")] == served.ID([]byte(f[peers.Key("r")]))
 	})
@@ -197,7 +198,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 				}
 			}
 		})
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.setRefuse("r", http.StatusInsufficientStorage)
 	f1, v1 := dynFiles(t, "conf\n", "10.0.0.1", "10.0.0.2")
@@ -222,7 +223,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 		t.Fatal("the engine's table changed on a refusal")
 	}
 	eng.setRefuse("r", 0)
-	reloadtest.WaitFor(t, wait, "the retried push", func() bool {
+	testbin.WaitFor(t, wait, "the retried push", func() bool {
 		last := rep.get()[len(rep.get())-1]
 		return eng.version("r") == v1 && last.Peers["r"] == v1 && last.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")]))
 	})
@@ -243,7 +244,7 @@ func TestNoControlSocketReloads(t *testing.T) {
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, Debounce: 20 * time.Millisecond})
 	f1, _ := dynFiles(t, "conf\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
-	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+	testbin.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
 }
 
 // TestPushAboveANewerSerial: an engine holding a serial above this
@@ -261,7 +262,7 @@ func TestPushAboveANewerSerial(t *testing.T) {
 	name := uniqueName("nginx-like")
 	reloadtest.StartHUPCounter(t, name)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
-	reloadtest.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
 }
 
 // TestPushAfterReloadAsksAgain: right after a reload the engine may answer
@@ -275,18 +276,18 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.mu.Lock()
 	eng.notFound["r"] = 3
 	eng.mu.Unlock()
 	f1, v1 := dynFiles(t, "conf 2\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
-	reloadtest.WaitFor(t, wait, "the push after the reload", func() bool { return eng.version("r") == v1 })
+	testbin.WaitFor(t, wait, "the push after the reload", func() bool { return eng.version("r") == v1 })
 	// A later peers-only change is pushed, and nothing reloads again.
 	f2, v2 := dynFiles(t, "conf 2\n", "10.0.0.3")
 	reloadtest.KubeletSwap(t, dir, f2)
-	reloadtest.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
+	testbin.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
 	if n := target.Count(); n != 1 {
 		t.Fatalf("%d signals, want 1 (the route file change)", n)
 	}
@@ -312,11 +313,11 @@ func TestTableWithoutRouteAtStart(t *testing.T) {
 	var rep reports
 	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 100 * time.Millisecond},
 		reportTo(rep.add))
-	reloadtest.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
+	testbin.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
 	m := h.r.metrics
 	// 404s: the start push, the resync's push, the one after the reload,
 	// then the backoff's at resync ticks 1, 2, 4 and 8 after it.
-	reloadtest.WaitFor(t, wait, "seven no_route pushes", func() bool {
+	testbin.WaitFor(t, wait, "seven no_route pushes", func() bool {
 		if n := target.Count(); n > 1 {
 			t.Fatalf("%d signals for a table without its route, want at most 1", n)
 		}

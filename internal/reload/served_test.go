@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // reports records the served reports a Reloader gives.
@@ -51,8 +52,8 @@ func TestServedReportFollowsWhatTheTargetLoaded(t *testing.T) {
 	// The target appears and is signalled (a CART-like process has no
 	// workers, so the reload is "signal", not verified).
 	cart := reloadtest.StartHUPCounter(t, name)
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
-	reloadtest.WaitFor(t, wait, "the report", func() bool { return len(rep.get()) == 2 })
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the report", func() bool { return len(rep.get()) == 2 })
 	last := rep.get()[1]
 	if last.How != served.HowSignal || last.Keys["config.yaml"] != served.ID([]byte(routeFiles(1)["config.yaml"])) || last.Keys["other.conf"] != served.ID([]byte("static\n")) {
 		t.Fatalf("after the signal: %+v, want version 1 signalled", last)

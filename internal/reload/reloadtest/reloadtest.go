@@ -180,37 +180,6 @@ func (c *HUPCounter) Times() []time.Time {
 // Count is the number of SIGHUPs received so far.
 func (c *HUPCounter) Count() int { return len(c.Times()) }
 
-// WaitFor polls cond every 5 ms until it holds or the deadline passes, then
-// fails the test with msg.
-func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
-	t.Helper()
-	WaitUntil(t, timeout, 5*time.Millisecond, msg, func() string {
-		if cond() {
-			return ""
-		}
-		return "the condition does not hold"
-	})
-}
-
-// WaitUntil polls missing every interval until it returns "" or the
-// deadline passes, then fails the test with msg and what missing said
-// last: what is still missing, for a failure that can be read without a
-// rerun.
-func WaitUntil(t testing.TB, timeout, interval time.Duration, msg string, missing func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		why := missing()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", timeout, msg, why)
-		}
-		time.Sleep(interval)
-	}
-}
-
 // CommandLine is the --check-cmd value that runs args as they are: each is
 // single-quoted, so the sidecar's split (reload.SplitCommand: quotes group,
 // adjacent quoted parts join) gives args back. A single quote in an
