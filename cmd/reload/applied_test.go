@@ -146,7 +146,7 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	consumers("openresty-0")
 
 	// openresty-0: nginx with the reference lua router, and its sidecar.
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	must(t, err)
 	dir0 := t.TempDir()
 	opts := nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")}

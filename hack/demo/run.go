@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -66,7 +67,7 @@ const (
 
 func run(ctx context.Context, out io.Writer, o options) (err error) {
 	d := &demo{o: o, out: out, last: map[string]string{}}
-	if d.root, err = testenv.ModuleRoot(); err != nil {
+	if d.root, err = testbin.ModuleRoot(); err != nil {
 		return err
 	}
 	if d.tmp, err = os.MkdirTemp("", "autoconfig-demo-"); err != nil {

@@ -38,6 +38,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/charttest"
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -49,7 +50,7 @@ const OutDir = "deploy/kustomize"
 // moduleRoot is the module root (go test runs in hack/kustomize).
 func moduleRoot(t *testing.T) string {
 	t.Helper()
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
 	var err error
-	if root, err = testenv.ModuleRoot(); err != nil {
+	if root, err = testbin.ModuleRoot(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/celcheck"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 )
@@ -67,7 +68,7 @@ type doc struct {
 
 func moduleRoot(t testing.TB) string {
 	t.Helper()
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
