@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -18,7 +19,7 @@ import (
 // the CART base config, as TestGolden uses them.
 func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []string, snap Snapshot, base []byte) {
 	t.Helper()
-	root = repoRoot(t)
+	root = testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
@@ -67,7 +68,7 @@ func checkGolden(t *testing.T, golden string, got []byte, test string) {
 // Corpus files that use the same route name are loaded in later rounds, so
 // every file is loaded once.
 func TestNginxLoadsValidRoutes(t *testing.T) {
-	root := repoRoot(t)
+	root := testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 
@@ -14,13 +13,6 @@ import (
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
-
-// repoRoot is the module root (tests run in compiler/).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(filepath.Dir(file))
-}
 
 // llmRoute builds a defaulted llm route as the schema would return it.
 func llmRoute(name string, values map[string]string, peers ...routespec.Peer) *Route {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -23,7 +24,7 @@ import (
 // include takes only *.conf). No request is sent: the engine's dynamic
 // registration is the reference engine's part (router.lua).
 func TestNginxLoadsDynamicRoutes(t *testing.T) {
-	root := repoRoot(t)
+	root := testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)

@@ -459,13 +459,13 @@ func TestAppliedDynamicPeers(t *testing.T) {
 	key := peers.Key("qwen")
 	report := func() servedpkg.Report {
 		var p corev1.Pod
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
 		r, _ := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
 		return r
 	}
 	cm := func() map[string]string {
 		var c corev1.ConfigMap
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
 		return c.Data
 	}
 	testbin.WaitFor(t, wait, "openresty-0 to serve the first table", func() bool {
@@ -498,7 +498,7 @@ func TestAppliedDynamicPeers(t *testing.T) {
 	}
 	testbin.WaitFor(t, wait, "Applied True 1/1", func() bool {
 		var rt v1alpha1.ModelRoute
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
 		c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
 		return c != nil && c.Status == metav1.ConditionTrue && rt.Status.Synced == "1/1"
 	})

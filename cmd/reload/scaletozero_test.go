@@ -179,10 +179,10 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k8s := e.k8s
-	must(t, k8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"},
+	testbin.Must(t, k8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}}}))
 	labels := map[string]string{"app": "qwen"}
-	must(t, k8s.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}, Spec: appsv1.DeploymentSpec{
+	testbin.Must(t, k8s.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}, Spec: appsv1.DeploymentSpec{
 		Replicas: ptr(int32(0)), Selector: &metav1.LabelSelector{MatchLabels: labels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm"}}}},
 	}}))
@@ -195,12 +195,12 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 
 	route := func(name string) *v1alpha1.ModelRoute {
 		var rt v1alpha1.ModelRoute
-		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt))
+		testbin.Must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt))
 		return &rt
 	}
 	cm := func() map[string]string {
 		var c corev1.ConfigMap
-		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "routes"}, &c))
+		testbin.Must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "routes"}, &c))
 		return c.Data
 	}
 	ctl := control(e.n0)
@@ -349,10 +349,10 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 
 	// Another autoscaler on the workload: idleAfter is refused (the
 	// condition names it) and the workload stays up past idleAfter.
-	must(t, k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-hpa"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+	testbin.Must(t, k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-hpa"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
 		ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "qwen"}, MinReplicas: ptr(int32(1)), MaxReplicas: 3,
 	}}))
-	must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
+	testbin.Must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
 		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test/touch":"1"}}}`))))
 	testbin.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
 		c := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeScaleToZero)

@@ -33,6 +33,9 @@ var (
 	k8s     client.Client
 )
 
+// must is testbin.Must under the short name the chart tests use throughout.
+var must = testbin.Must
+
 // TestMain starts one control plane for the package (CRDs installed once).
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 

@@ -1,6 +1,7 @@
 package testbin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -81,5 +82,18 @@ func WaitUntil(t testing.TB, timeout, interval time.Duration, msg string, missin
 			t.Fatalf("timed out after %s waiting for %s: %s", timeout, msg, why)
 		}
 		time.Sleep(interval)
+	}
+}
+
+// WaitCtx polls cond every interval until it holds, failing the test with
+// msg when ctx ends first: the waits of a test that share one deadline.
+func WaitCtx(t testing.TB, ctx context.Context, interval time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", msg)
+		case <-time.After(interval):
+		}
 	}
 }

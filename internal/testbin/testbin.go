@@ -3,7 +3,7 @@
 // package under test into a real executable (with -race when the test
 // itself runs under -race), a goroutine-safe buffer for a child process's
 // output, the live heap the memory tests measure, a child process with its
-// output in a log file (Proc), waiting for a condition (WaitFor,
+// output in a log file (Proc), waiting for a condition (WaitFor, WaitCtx,
 // WaitEvery, WaitUntil), the module root (ModuleRoot, Root) and Must. It
 // imports the standard library only, so any test can use it.
 package testbin
