@@ -40,15 +40,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []s
 		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
 		for _, f := range m {
 			rel, _ := filepath.Rel(root, f)
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := v.Validate(rel, src)
-			if err != nil {
-				t.Fatalf("a valid route is invalid: %v", err)
-			}
-			routes[rel] = &Route{Name: r.Name, Namespace: r.Namespace, Spec: r.Spec}
+			routes[rel] = validRoute(t, v, rel, f)
 			rels = append(rels, rel)
 		}
 	}

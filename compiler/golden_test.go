@@ -85,15 +85,7 @@ func TestNginxLoadsValidRoutes(t *testing.T) {
 		routes := map[string]string{} // route name → file
 		var later []string
 		for _, f := range files {
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			obj, err := v.Validate(f, src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			route := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
+			route := validRoute(t, v, f, f)
 			name := RouteName(route)
 			if _, ok := routes[name]; ok {
 				later = append(later, f)

@@ -11,8 +11,24 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/endpoints"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
+
+// validRoute reads the route file at path and validates it under name, as
+// autoconfig compile does; a route that does not validate fails the test.
+func validRoute(t testing.TB, v *schema.Validator, name, path string) *Route {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := v.Validate(name, src)
+	if err != nil {
+		t.Fatalf("a valid route is invalid: %v", err)
+	}
+	return &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
+}
 
 // llmRoute builds a defaulted llm route as the schema would return it.
 func llmRoute(name string, values map[string]string, peers ...routespec.Peer) *Route {

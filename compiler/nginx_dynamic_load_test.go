@@ -38,14 +38,7 @@ func TestNginxLoadsDynamicRoutes(t *testing.T) {
 	}
 	var routes []*Route
 	for _, f := range files {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := v.Validate(f, src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		obj := validRoute(t, v, f, f)
 		for _, mode := range []string{"", routespec.FailOpen, routespec.FailClose} {
 			r := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: *obj.Spec.DeepCopy()}
 			if mode != "" {
