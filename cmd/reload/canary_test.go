@@ -26,6 +26,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -240,7 +241,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 			if err != nil || !ok(tab) {
 				return fmt.Sprintf("ConfigMap key %s not the wanted table yet (err %v):\n%s", key, err, d[key])
 			}
-			if v := engineVersion(ctl, "qwen"); v != tab.Version {
+			if v := reloadtest.EngineVersion(ctl, "qwen"); v != tab.Version {
 				return fmt.Sprintf("the engine holds peers version %q, the ConfigMap %q", v, tab.Version)
 			}
 			var p corev1.Pod

@@ -157,22 +157,6 @@ func control(n *nginxtest.Nginx) *http.Client {
 	}}}
 }
 
-// engineVersion is the peers version the engine holds for route ("" if none).
-func engineVersion(c *http.Client, route string) string {
-	resp, err := c.Get("http://engine/peers/" + route)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var a struct {
-		Version string `json:"version"`
-	}
-	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&a) != nil {
-		return ""
-	}
-	return a.Version
-}
-
 func tableVersion(t testing.TB, content string) string {
 	t.Helper()
 	tab, err := peers.Parse([]byte(content))
@@ -238,7 +222,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 		"--debounce", "20ms", "--log-level=debug")
 	for _, r := range []string{"chat", "vid"} {
 		want := tableVersion(t, files[peers.Key(r)])
-		testbin.WaitFor(t, wait, "the start push of "+r, func() bool { return engineVersion(ctl, r) == want })
+		testbin.WaitFor(t, wait, "the start push of "+r, func() bool { return reloadtest.EngineVersion(ctl, r) == want })
 	}
 	baseHUPs, workers := hups(n), n.WorkerPIDs()
 
@@ -301,7 +285,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 		files = d.files(current)
 		reloadtest.KubeletSwap(t, dir, files)
 		want := tableVersion(t, files[peers.Key(route)])
-		testbin.WaitFor(t, wait, fmt.Sprintf("change %d acknowledged", i), func() bool { return engineVersion(ctl, route) == want })
+		testbin.WaitFor(t, wait, fmt.Sprintf("change %d acknowledged", i), func() bool { return reloadtest.EngineVersion(ctl, route) == want })
 		// From the acknowledgement on, every request reaches the new set.
 		names := map[string]bool{}
 		for _, b := range current[route] {
@@ -424,7 +408,7 @@ func BenchmarkDynamicPeersMounted(b *testing.B) {
 			ctl := control(n)
 			startSidecar(b, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n), "--debounce", "50ms", "--log-level=info")
 			want := tableVersion(b, files[peers.Key("chat")])
-			testbin.WaitFor(b, wait, "the start push", func() bool { return engineVersion(ctl, "chat") == want })
+			testbin.WaitFor(b, wait, "the start push", func() bool { return reloadtest.EngineVersion(ctl, "chat") == want })
 			var ds []time.Duration
 			b.ResetTimer()
 			for i := range b.N {
@@ -433,7 +417,7 @@ func BenchmarkDynamicPeersMounted(b *testing.B) {
 				t0 := time.Now()
 				reloadtest.KubeletSwap(b, dir, files)
 				deadline := t0.Add(wait)
-				for engineVersion(ctl, "chat") != want {
+				for reloadtest.EngineVersion(ctl, "chat") != want {
 					if time.Now().After(deadline) {
 						b.Fatalf("change %d never acknowledged", i)
 					}

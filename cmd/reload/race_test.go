@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -127,15 +126,10 @@ func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
 // inProcess is a Reloader run in the test process (to wrap its Signaller
 // or inject failures), recording its outcomes.
 type inProcess struct {
-	mu  sync.Mutex
-	out []reload.Outcome
+	out testbin.Recorder[reload.Outcome]
 }
 
-func (p *inProcess) outcomes() []reload.Outcome {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]reload.Outcome(nil), p.out...)
-}
+func (p *inProcess) outcomes() []reload.Outcome { return p.out.Get() }
 
 // runReloader runs the Reloader New builds from o, its signals sent through
 // sig (reload.TestHooks), until the test ends.
@@ -154,21 +148,8 @@ func runReloader(t *testing.T, o reload.Options, sig reload.Signaller) *inProces
 	}
 	r.SetTestHooks(reload.TestHooks{
 		Signaller: sig,
-		OnReload:  func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() },
+		OnReload:  p.out.Add,
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reloader: %v", err)
-		}
-	})
-	select {
-	case <-r.Started():
-	case err := <-done:
-		t.Fatalf("reloader stopped: %v", err)
-	}
+	testbin.Run(t, "reloader", r.Run, r.Started())
 	return p
 }

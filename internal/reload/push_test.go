@@ -103,22 +103,8 @@ func (e *fakeEngine) pushCount() int {
 	return len(e.pushes)
 }
 
-func table(t *testing.T, route string, ips ...string) (string, string) {
-	t.Helper()
-	tab := peers.Table{Route: route, Tiers: []peers.Tier{{Use: "backend", Priority: 1}}}
-	for _, ip := range ips {
-		tab.Tiers[0].Peers = append(tab.Tiers[0].Peers, peers.Peer{Host: ip, Port: 8000})
-	}
-	b, err := tab.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := peers.Parse(b)
-	return string(b), p.Version
-}
-
 func dynFiles(t *testing.T, conf string, ips ...string) (map[string]string, string) {
-	pt, v := table(t, "r", ips...)
+	pt, v := reloadtest.PeersTable(t, "r", ips...)
 	return map[string]string{"session_route_r.conf": conf, peers.Key("r"): pt}, v
 }
 
@@ -133,12 +119,12 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	eng := startFakeEngine(t, sock)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	pushed := make(chan []string, 10)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond},
-		reportTo(rep.add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
+		reportTo(rep.Add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
 	// At start the tables are pushed once the engine listens.
-	_, v0 := table(t, "r", "10.0.0.1")
+	_, v0 := reloadtest.PeersTable(t, "r", "10.0.0.1")
 	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	for i, ips := range [][]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.2"}, {"10.0.0.3", "10.0.0.4"}} {
@@ -155,7 +141,7 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 		if got := eng.version("r"); got != v {
 			t.Fatalf("change %d: engine holds %q, want %q", i, got, v)
 		}
-		last := rep.get()[len(rep.get())-1]
+		last := rep.Get()[len(rep.Get())-1]
 		if last.How != served.HowPush || last.Keys[peers.Key("r")] != served.ID([]byte(f[peers.Key("r")])) || last.Peers["r"] != v {
 			t.Fatalf("change %d: report %+v", i, last)
 		}
@@ -171,7 +157,7 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	testbin.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
 	testbin.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
 	testbin.WaitFor(t, wait, "the report", func() bool {
-		last := rep.get()[len(rep.get())-1]
+		last := rep.Get()[len(rep.Get())-1]
 		return last.How == served.HowSignal && last.Keys[peers.Key("r")] == served.ID([]byte(f[peers.Key("r")]))
 	})
 }
@@ -187,10 +173,10 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	eng := startFakeEngine(t, sock)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	refusals := make(chan []string, 100)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
-		reportTo(rep.add), func(r *Reloader) {
+		reportTo(rep.Add), func(r *Reloader) {
 			r.push.onPush = func(_, refused []string) {
 				select {
 				case refusals <- refused:
@@ -214,7 +200,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 			t.Fatal("no refused push")
 		}
 	}
-	for _, r := range rep.get() {
+	for _, r := range rep.Get() {
 		if r.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")])) || r.Peers["r"] == v1 {
 			t.Fatalf("a report names the refused table: %+v", r)
 		}
@@ -224,7 +210,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	}
 	eng.setRefuse("r", 0)
 	testbin.WaitFor(t, wait, "the retried push", func() bool {
-		last := rep.get()[len(rep.get())-1]
+		last := rep.Get()[len(rep.Get())-1]
 		return eng.version("r") == v1 && last.Peers["r"] == v1 && last.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")]))
 	})
 	if n := target.Count(); n != 0 {
@@ -301,7 +287,7 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 func TestTableWithoutRouteAtStart(t *testing.T) {
 	dir, sock := t.TempDir(), t.TempDir()
 	f, v := dynFiles(t, "conf\n", "10.0.0.1")
-	ghost, _ := table(t, "ghost", "10.0.0.7")
+	ghost, _ := reloadtest.PeersTable(t, "ghost", "10.0.0.7")
 	f[peers.Key("ghost")] = ghost
 	reloadtest.KubeletSwap(t, dir, f)
 	eng := startFakeEngine(t, sock)
@@ -310,9 +296,9 @@ func TestTableWithoutRouteAtStart(t *testing.T) {
 	eng.mu.Unlock()
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 100 * time.Millisecond},
-		reportTo(rep.add))
+		reportTo(rep.Add))
 	testbin.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
 	m := h.r.metrics
 	// 404s: the start push, the resync's push, the one after the reload,
@@ -329,7 +315,7 @@ func TestTableWithoutRouteAtStart(t *testing.T) {
 	if g := testutil.ToFloat64(m.PeersUnserved.WithLabelValues(PushNoRoute)); g != 1 {
 		t.Errorf("peers_tables_unserved{reason=no_route} = %v, want 1", g)
 	}
-	for _, r := range rep.get()[1:] { // the first is the start's: what the target is taken to serve
+	for _, r := range rep.Get()[1:] { // the first is the start's: what the target is taken to serve
 		if _, ok := r.Keys[peers.Key("ghost")]; ok || r.Peers["ghost"] != "" {
 			t.Errorf("a report (how %s) names the table without its route: %+v", r.How, r)
 		}

@@ -1,13 +1,11 @@
 package reload
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,9 +35,8 @@ func uniqueName(base string) string {
 // harness runs a Reloader in the background and records what it does.
 type harness struct {
 	r        *Reloader
-	mu       sync.Mutex
-	outcomes []Outcome
-	settles  []bool
+	outcomes testbin.Recorder[Outcome]
+	settles  testbin.Recorder[bool]
 }
 
 // startReloader builds a Reloader from o (New), lets each of set replace
@@ -55,22 +52,9 @@ func startReloader(t *testing.T, o Options, set ...func(*Reloader)) *harness {
 		f(r)
 	}
 	h := &harness{r: r}
-	r.sig.onReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
-	r.onSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reloader: %v", err)
-		}
-	})
-	select {
-	case <-r.Started():
-	case err := <-done:
-		t.Fatalf("reloader stopped: %v", err)
-	}
+	r.sig.onReload = h.outcomes.Add
+	r.onSettle = h.settles.Add
+	testbin.Run(t, "reloader", r.Run, r.Started())
 	return h
 }
 
@@ -87,17 +71,9 @@ func reportTo(f func(served.Report)) func(*Reloader) {
 	return func(r *Reloader) { r.report = f }
 }
 
-func (h *harness) Outcomes() []Outcome {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]Outcome(nil), h.outcomes...)
-}
+func (h *harness) Outcomes() []Outcome { return h.outcomes.Get() }
 
-func (h *harness) Settles() []bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]bool(nil), h.settles...)
-}
+func (h *harness) Settles() []bool { return h.settles.Get() }
 
 // waitOutcomeFor waits for the attempt made for dirs' current content.
 func (h *harness) waitOutcomeFor(t *testing.T, dirs ...string) Outcome {
