@@ -412,26 +412,10 @@ func (rig *engineRig) overload(t *testing.T, clients, tokens int, warm, measure 
 	return st
 }
 
-// tpsStatus is GET /<route>/_tps_status.
-type tpsStatus struct {
-	Route        string  `json:"route"`
-	OptIn        bool    `json:"opt_in"`
-	AdaptiveCCOn bool    `json:"adaptive_cc_on"`
-	TPSLimit     float64 `json:"tps_limit_tps"`
-	Peers        []struct {
-		Host          string   `json:"host"`
-		Port          int      `json:"port"`
-		Limit         *float64 `json:"limit"`
-		InFlight      int      `json:"in_flight"`
-		DecodeTPSEWMA *float64 `json:"decode_tps_ewma"`
-		TTFTMsEWMA    *float64 `json:"ttft_ms_ewma"`
-	} `json:"peers"`
-}
-
-func (rig *engineRig) tpsStatus(t *testing.T) tpsStatus {
+func (rig *engineRig) tpsStatus(t *testing.T) nginxtest.TPSStatus {
 	t.Helper()
 	code, body := nginxtest.Get(t, rig.n.URL(RouteName(rig.route))+"_tps_status")
-	var st tpsStatus
+	var st nginxtest.TPSStatus
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		t.Fatalf("_tps_status: %d %q %v", code, body, err)
 	}

@@ -14,11 +14,7 @@ import (
 // TestChartMetricsServed: every hagate metric the chart's alerts and
 // dashboard read is in a scrape of the running hagate binary's /metrics.
 func TestChartMetricsServed(t *testing.T) {
-	root, err := testbin.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	read, err := charttest.MetricsRead(root)
+	read, err := charttest.MetricsRead(testbin.Root(t))
 	if err != nil {
 		t.Fatal(err)
 	}

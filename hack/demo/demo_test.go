@@ -25,11 +25,7 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	root, err := testbin.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	read, err := charttest.MetricsRead(root)
+	read, err := charttest.MetricsRead(testbin.Root(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/internal/llmsim"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 )
 
 // The llm engine scene: a second llm route, chat, whose backends are
@@ -460,34 +460,10 @@ func (d *demo) deleteChatRoute(ctx context.Context) error {
 	return nil
 }
 
-// tpsStatus is the part of GET /<route>/_tps_status (in-pod callers
-// only; the demo's client is 127.0.0.1) the scene reads.
-type tpsStatus struct {
-	OptIn        bool    `json:"opt_in"`
-	AdaptiveCCOn bool    `json:"adaptive_cc_on"`
-	TPSLimit     float64 `json:"tps_limit_tps"`
-	Peers        []struct {
-		Host          string   `json:"host"`
-		Port          int      `json:"port"`
-		Limit         *float64 `json:"limit"`
-		InFlight      int      `json:"in_flight"`
-		DecodeTPSEWMA *float64 `json:"decode_tps_ewma"`
-	} `json:"peers"`
-}
-
-func (d *demo) tps(ctx context.Context) (tpsStatus, error) {
-	var st tpsStatus
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.nginx.URL(chatRoute)+"_tps_status", nil)
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("GET /%s/_tps_status: %s", chatRoute, resp.Status)
-	}
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+// tps is the chat route's decode-SLO admission state.
+func (d *demo) tps(ctx context.Context) (nginxtest.TPSStatus, error) {
+	var st nginxtest.TPSStatus
+	return st, nginxtest.GetJSON(ctx, d.nginx.URL(chatRoute)+"_tps_status", &st)
 }
 
 func podNames(pods llmsim.Pods) []string {
