@@ -133,24 +133,38 @@ func appendBalancerUpstream(b []byte, route string) []byte {
 // llm route with its options and its tiers, then admits the request
 // (inside access_by_lua_block, after the tuning guard).
 func (c *compilation) appendStaticRegistration(b []byte, opts [][2]string, tiers []tier) []byte {
-	route := LuaString(c.name)
+	return appendRegistration(b, c.name, "register_route", opts, func(b []byte) []byte {
+		b = append(b, "                }, {\n"...)
+		for _, t := range tiers {
+			b = appendLuaTier(b, t, "                    ")
+		}
+		if c.hasCanary() {
+			b = c.appendCanaryArg(b, c.canaryTier(!c.video))
+		}
+		return b
+	})
+}
+
+// appendRegistration writes the access-phase lua that registers the route
+// name once per worker, with the engine's function fn (register_route,
+// register_dynamic_route), the options opts in the order given and then
+// what more writes (nil: nothing), and admits the request.
+func appendRegistration(b []byte, name, fn string, opts [][2]string, more func([]byte) []byte) []byte {
+	route := LuaString(name)
 	b = append(b, "            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
 	b = append(b, route...)
-	b = append(b, ") then\n                router.register_route("...)
+	b = append(b, ") then\n                router."...)
+	b = append(b, fn...)
+	b = append(b, '(')
 	b = append(b, route...)
 	b = append(b, ", {\n"...)
 	b = appendLuaOptions(b, opts)
-	b = append(b, "                }, {\n"...)
-	for _, t := range tiers {
-		b = appendLuaTier(b, t, "                    ")
-	}
-	if c.hasCanary() {
-		b = c.appendCanaryArg(b, c.canaryTier(!c.video))
+	if more != nil {
+		b = more(b)
 	}
 	b = append(b, "                })\n            end\n            router.access("...)
 	b = append(b, route...)
-	b = append(b, ")\n"...)
-	return b
+	return append(b, ")\n"...)
 }
 
 // appendLuaTier writes one tier of a registration, its "{" at indent.
