@@ -54,26 +54,20 @@ func TestGoldenCanary(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got bytes.Buffer
-			got.WriteString("# " + tc.rel + " with spec.canary (weight 10) compiled with testdata/snapshots/default.yaml and two canary backends\n")
-			for _, w := range res.Warnings {
-				got.WriteString("# warning: " + w + "\n")
-			}
+			got := renderOutputs(t, "# "+tc.rel+" with spec.canary (weight 10) compiled with testdata/snapshots/default.yaml and two canary backends\n", res, base)
 			for _, o := range res.Outputs {
-				data, err := o.Render(base)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got.WriteString("\n==> " + o.ConfigMap + "/" + o.Key + " <==\n")
-				got.Write(data)
 				if strings.HasPrefix(o.Key, "peers_") {
+					data, err := o.Render(base)
+					if err != nil {
+						t.Fatal(err)
+					}
 					tb, err := peers.Parse(data)
 					if err != nil || tb.Format != peers.FormatCanary || tb.Canary.Weight != 10 || len(tb.Canary.Tiers[0].Peers) != 2 {
 						t.Errorf("peers table: %v %+v", err, tb)
 					}
 				}
 			}
-			checkGolden(t, filepath.Join(root, "testdata", "golden", "canary", tc.name+".txt"), got.Bytes(), "TestGoldenCanary")
+			checkGolden(t, filepath.Join(root, "testdata", "golden", "canary", tc.name+".txt"), got, "TestGoldenCanary")
 		})
 	}
 }

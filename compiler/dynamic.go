@@ -56,16 +56,7 @@ func (c *compilation) videoEngineOptions() [][2]string {
 // (inside an access_by_lua_block). opts are the registration options, in
 // the order written.
 func appendDynamicRegistration(b []byte, name string, opts [][2]string) []byte {
-	route := LuaString(name)
-	b = append(b, "            local router = require(\""+LuaModule+"\")\n            if not router.registered("...)
-	b = append(b, route...)
-	b = append(b, ") then\n                router.register_dynamic_route("...)
-	b = append(b, route...)
-	b = append(b, ", {\n"...)
-	b = appendLuaOptions(b, opts)
-	b = append(b, "                })\n            end\n            router.access("...)
-	b = append(b, route...)
-	return append(b, ")\n"...)
+	return appendRegistration(b, name, "register_dynamic_route", opts, nil)
 }
 
 // peersTable is the content of the route's peers key: exactly the tiers

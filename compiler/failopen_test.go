@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -18,7 +19,7 @@ import (
 // the CART base config, as TestGolden uses them.
 func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []string, snap Snapshot, base []byte) {
 	t.Helper()
-	root = repoRoot(t)
+	root = testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)
@@ -39,15 +40,7 @@ func goldenInputs(t *testing.T) (root string, routes map[string]*Route, rels []s
 		m, _ := filepath.Glob(filepath.Join(root, dir, "*.yaml"))
 		for _, f := range m {
 			rel, _ := filepath.Rel(root, f)
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := v.Validate(rel, src)
-			if err != nil {
-				t.Fatalf("a valid route is invalid: %v", err)
-			}
-			routes[rel] = &Route{Name: r.Name, Namespace: r.Namespace, Spec: r.Spec}
+			routes[rel] = validRoute(t, v, rel, f)
 			rels = append(rels, rel)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
@@ -67,7 +68,7 @@ func checkGolden(t *testing.T, golden string, got []byte, test string) {
 // Corpus files that use the same route name are loaded in later rounds, so
 // every file is loaded once.
 func TestNginxLoadsValidRoutes(t *testing.T) {
-	root := repoRoot(t)
+	root := testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)
@@ -84,15 +85,7 @@ func TestNginxLoadsValidRoutes(t *testing.T) {
 		routes := map[string]string{} // route name → file
 		var later []string
 		for _, f := range files {
-			src, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			obj, err := v.Validate(f, src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			route := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
+			route := validRoute(t, v, f, f)
 			name := RouteName(route)
 			if _, ok := routes[name]; ok {
 				later = append(later, f)

@@ -6,20 +6,28 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 
 	"github.com/modelsphere/autoconfig/internal/endpoints"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
-// repoRoot is the module root (tests run in compiler/).
-func repoRoot(t testing.TB) string {
+// validRoute reads the route file at path and validates it under name, as
+// autoconfig compile does; a route that does not validate fails the test.
+func validRoute(t testing.TB, v *schema.Validator, name, path string) *Route {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(filepath.Dir(file))
+	src, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := v.Validate(name, src)
+	if err != nil {
+		t.Fatalf("a valid route is invalid: %v", err)
+	}
+	return &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: obj.Spec}
 }
 
 // llmRoute builds a defaulted llm route as the schema would return it.

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -23,7 +24,7 @@ import (
 // include takes only *.conf). No request is sent: the engine's dynamic
 // registration is the reference engine's part (router.lua).
 func TestNginxLoadsDynamicRoutes(t *testing.T) {
-	root := repoRoot(t)
+	root := testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)
@@ -37,14 +38,7 @@ func TestNginxLoadsDynamicRoutes(t *testing.T) {
 	}
 	var routes []*Route
 	for _, f := range files {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := v.Validate(f, src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		obj := validRoute(t, v, f, f)
 		for _, mode := range []string{"", routespec.FailOpen, routespec.FailClose} {
 			r := &Route{Name: obj.Name, Namespace: obj.Namespace, Spec: *obj.Spec.DeepCopy()}
 			if mode != "" {

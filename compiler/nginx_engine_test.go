@@ -342,96 +342,25 @@ func TestNginxEngineMinimalDisruption(t *testing.T) {
 	})
 }
 
-// overloadStats is what a run of concurrent streaming clients measured.
-type overloadStats struct {
-	admitted, refused, failed int
-	rates                     []float64
-	refusal                   []time.Duration
-	tokens                    int
-	window                    time.Duration
-}
-
 // overload runs clients concurrent clients, each looping streamed chat
 // requests of tokens tokens, for warm+measure; only requests that start
-// after warm count. A refused client waits 100 ms before it asks again.
-func (rig *engineRig) overload(t *testing.T, clients, tokens int, warm, measure time.Duration) overloadStats {
+// after warm count (llmsim.Burst). A failed request is logged.
+func (rig *engineRig) overload(t *testing.T, clients, tokens int, warm, measure time.Duration) llmsim.BurstStats {
 	t.Helper()
-	var mu sync.Mutex
-	var st overloadStats
-	begin := time.Now()
-	from, until := begin.Add(warm), begin.Add(warm+measure)
-	var wg sync.WaitGroup
-	// The pods' decoded tokens within the measured window.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		time.Sleep(time.Until(from))
-		rig.pods.Reset()
-		time.Sleep(time.Until(until))
-		for _, s := range rig.pods.Stats() {
-			st.tokens += s.DecodedTokens
-		}
-	}()
-	for c := 0; c < clients; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(until); i++ {
-				conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("client %d request %d", c, i), MaxTokens: tokens}
-				t0 := time.Now()
-				res := llmsim.Chat(context.Background(), rig.client, rig.url(), conv.Next("go"), nil)
-				end := time.Now()
-				counted := t0.After(from) && end.Before(until)
-				mu.Lock()
-				switch {
-				case res.Status == http.StatusServiceUnavailable:
-					if counted {
-						st.refused++
-						st.refusal = append(st.refusal, end.Sub(t0))
-					}
-				case res.Err != nil || res.Status != 200:
-					st.failed++
-					if st.failed <= 3 {
-						t.Logf("client %d: %d %v", c, res.Status, res.Err)
-					}
-				case counted:
-					st.admitted++
-					st.rates = append(st.rates, res.DecodeRate)
-				}
-				mu.Unlock()
-				if res.Status == http.StatusServiceUnavailable {
-					// Retry-After says 1 s; a client that comes back sooner
-					// (100 ms) is the harder case for the engine.
-					time.Sleep(100 * time.Millisecond)
-				}
-			}
-		}()
+	st := llmsim.Burst(context.Background(), rig.client, rig.url(), rig.pods, clients, warm, measure, func(c, i int) llmsim.ChatRequest {
+		conv := &llmsim.Conversation{System: "s", FirstUser: fmt.Sprintf("client %d request %d", c, i), MaxTokens: tokens}
+		return conv.Next("go")
+	})
+	if st.Failed > 0 {
+		t.Logf("the first failed request: %s", st.FirstErr)
 	}
-	wg.Wait()
-	st.window = measure
 	return st
 }
 
-// tpsStatus is GET /<route>/_tps_status.
-type tpsStatus struct {
-	Route        string  `json:"route"`
-	OptIn        bool    `json:"opt_in"`
-	AdaptiveCCOn bool    `json:"adaptive_cc_on"`
-	TPSLimit     float64 `json:"tps_limit_tps"`
-	Peers        []struct {
-		Host          string   `json:"host"`
-		Port          int      `json:"port"`
-		Limit         *float64 `json:"limit"`
-		InFlight      int      `json:"in_flight"`
-		DecodeTPSEWMA *float64 `json:"decode_tps_ewma"`
-		TTFTMsEWMA    *float64 `json:"ttft_ms_ewma"`
-	} `json:"peers"`
-}
-
-func (rig *engineRig) tpsStatus(t *testing.T) tpsStatus {
+func (rig *engineRig) tpsStatus(t *testing.T) nginxtest.TPSStatus {
 	t.Helper()
 	code, body := nginxtest.Get(t, rig.n.URL(RouteName(rig.route))+"_tps_status")
-	var st tpsStatus
+	var st nginxtest.TPSStatus
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		t.Fatalf("_tps_status: %d %q %v", code, body, err)
 	}
@@ -490,9 +419,9 @@ func (rig *engineRig) sloRun(t *testing.T, name string, adaptive bool, clients, 
 	t.Helper()
 	st := rig.overload(t, clients, tokens, warm, measure)
 	capacity := 2 * podTPS
-	delivered := float64(st.tokens) / measure.Seconds() / capacity
-	median := llmsim.PercentileFloat(st.rates, 0.5)
-	p99 := llmsim.Percentile(st.refusal, 0.99)
+	delivered := float64(st.Decoded) / measure.Seconds() / capacity
+	median := llmsim.PercentileFloat(st.Rates, 0.5)
+	p99 := llmsim.Percentile(st.Refusal, 0.99)
 	ts := rig.tpsStatus(t)
 	var limits []float64
 	for _, p := range ts.Peers {
@@ -501,18 +430,18 @@ func (rig *engineRig) sloRun(t *testing.T, name string, adaptive bool, clients, 
 		}
 	}
 	t.Logf("%s: %d admitted (decode median %.1f, p10 %.1f tokens/s), %.0f %% of the pods' capacity delivered, %d refused (p99 %v), %d failed; limits %v; opt_in %v adaptive_cc_on %v",
-		name, st.admitted, median, llmsim.PercentileFloat(st.rates, 0.1), 100*delivered, st.refused, p99, st.failed, limits, ts.OptIn, ts.AdaptiveCCOn)
+		name, st.Admitted, median, llmsim.PercentileFloat(st.Rates, 0.1), 100*delivered, st.Refused, p99, st.Failed, limits, ts.OptIn, ts.AdaptiveCCOn)
 	// What does not depend on the machine's speed fails at once.
-	if st.failed != 0 {
-		t.Fatalf("%d requests failed (neither served nor refused)", st.failed)
+	if st.Failed != 0 {
+		t.Fatalf("%d requests failed (neither served nor refused)", st.Failed)
 	}
 	if !ts.OptIn || ts.AdaptiveCCOn != adaptive || ts.TPSLimit != 30 || len(ts.Peers) != 2 {
 		t.Fatalf("_tps_status: %+v", ts)
 	}
 	var missed []string
 	if !adaptive {
-		if median >= 27 || st.refused != 0 {
-			t.Fatalf("without adaptive concurrency: median %.1f tokens/s, %d refused; want every stream admitted below the SLO", median, st.refused)
+		if median >= 27 || st.Refused != 0 {
+			t.Fatalf("without adaptive concurrency: median %.1f tokens/s, %d refused; want every stream admitted below the SLO", median, st.Refused)
 		}
 		return nil
 	}
@@ -527,8 +456,8 @@ func (rig *engineRig) sloRun(t *testing.T, name string, adaptive bool, clients, 
 	if median < 27 {
 		missed = append(missed, fmt.Sprintf("admitted streams decode at a median %.1f tokens/s, want ≥ 27", median))
 	}
-	if st.refused == 0 || p99 > 300*time.Millisecond {
-		missed = append(missed, fmt.Sprintf("%d refused, p99 %v: want the excess refused within 300 ms", st.refused, p99))
+	if st.Refused == 0 || p99 > 300*time.Millisecond {
+		missed = append(missed, fmt.Sprintf("%d refused, p99 %v: want the excess refused within 300 ms", st.Refused, p99))
 	}
 	if delivered < 0.8 {
 		missed = append(missed, fmt.Sprintf("the pods delivered %.0f %% of their capacity, want ≥ 80 %%", 100*delivered))

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // TestNginxPeersCorpusAgrees: the engine's control endpoint and the reload
@@ -19,7 +20,7 @@ import (
 // testdata/serials.txt is parsed (200, or 409 when lower than the stored
 // one) exactly when its verdict is ok.
 func TestNginxPeersCorpusAgrees(t *testing.T) {
-	dir := filepath.Join(repoRoot(t), "internal", "peers", "testdata")
+	dir := filepath.Join(testbin.Root(t), "internal", "peers", "testdata")
 	n := startDynamic(t)
 	installDynamic(t, n, "corpus", dynamicLLMConf(t, n, llmRoute("corpus", nil, backendTier)))
 	installDynamic(t, n, "serials", dynamicLLMConf(t, n, llmRoute("serials", nil, backendTier)))

@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
@@ -279,7 +280,7 @@ func tail(s string, n int) string {
 // AUTOCONFIG_PROPERTY_SEED (default 1), loaded 30 at a time.
 func TestPropertyAcceptedRoutesLoad(t *testing.T) {
 	p := newPropertyCheck(t)
-	files, _ := filepath.Glob(filepath.Join(repoRoot(t), "testdata", "routes", "property", "*.yaml"))
+	files, _ := filepath.Glob(filepath.Join(testbin.Root(t), "testdata", "routes", "property", "*.yaml"))
 	var routes []*Route
 	var srcs [][]byte
 	for _, f := range files {

@@ -41,71 +41,14 @@ const videoUpstreamTries = 3
 // (c.tiers(false)): a plain reverse proxy (see docs/outputs.md). With
 // Options.DynamicPeers the upstream is the engine's balancer and the
 // access phase registers the route (register_dynamic_route): the peers
-// table carries the tiers.
+// table carries the tiers. The file is three parts: the http-level
+// directives (appendVideoHTTP), the upstream, and the server with its one
+// location (appendVideoLocation).
 func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
-	val := func(k string) string {
-		if v, ok := c.route.Spec.Nginx.Values[k]; ok {
-			return v
-		}
-		return videoDefaults[k]
-	}
-	check := func(k string, re *regexp.Regexp) (string, error) {
-		v := val(k)
-		if v != "" && !re.MatchString(v) {
-			return "", fmt.Errorf("spec.nginx.values.%s %q is not in a form nginx accepts", k, v)
-		}
-		return v, nil
-	}
-	bodySize, err := check("max_body_size", reSize)
+	v, err := c.videoValues()
 	if err != nil {
 		return nil, err
 	}
-	proxyTimeout, err := check("proxy_timeout", reTime)
-	if err != nil {
-		return nil, err
-	}
-	connectTimeout, err := check("connect_timeout", reTime)
-	if err != nil {
-		return nil, err
-	}
-	connLimit, err := check("upload_conn_limit", reCount)
-	if err != nil {
-		return nil, err
-	}
-	reqLimit, err := check("upload_req_limit", reReqRate)
-	if err != nil {
-		return nil, err
-	}
-	reqBurst, err := check("upload_req_burst", reBurst)
-	if err != nil {
-		return nil, err
-	}
-	limitKey, err := check("upload_limit_key", reVar)
-	if err != nil {
-		return nil, err
-	}
-	var rate, rateAfter string
-	if r := val("rate_limit"); r != "" {
-		if rate, err = RateLimitBytes(r); err != nil {
-			return nil, fmt.Errorf("spec.nginx.values.rate_limit: %w", err)
-		}
-		after := val("rate_limit_after")
-		if after == "" {
-			after = "1m"
-		}
-		if !reSize.MatchString(after) {
-			return nil, fmt.Errorf("spec.nginx.values.rate_limit_after %q is not an nginx size", after)
-		}
-		rateAfter = nginxSize(after)
-	}
-	for _, v := range []string{bodySize, proxyTimeout, connectTimeout} {
-		if v == "" {
-			return nil, fmt.Errorf("max_body_size, proxy_timeout and connect_timeout must not be empty")
-		}
-	}
-
-	up := upstreamName(c.name)
-	fwd := videoVarPrefix(c.name)
 	n := 0
 	for _, t := range tiers {
 		n += len(t.peers)
@@ -126,85 +69,189 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	if engine {
 		b = appendSharedDict(b, c.name, dict)
 	}
+	b = c.appendVideoHTTP(b, &v)
+	if engine {
+		b = appendBalancerUpstream(b, c.name)
+	} else {
+		b = appendVideoUpstream(b, upstreamName(c.name), tiers, n)
+	}
+	b = c.appendServerHead(b)
+	b = append(b, "    client_max_body_size "...)
+	b = append(b, v.bodySize...)
+	b = append(b, ";\n\n    location / {\n"...)
+	b = c.appendVideoLocation(b, &v, tiers, engine)
+	b = append(b, "    }\n}\n"...)
+	return b, nil
+}
 
-	// http-level directives: this file is included inside http{}, shared
-	// with every other route, so every name carries the route's identifier.
-	connZone, reqZone := limitZones(up, limitKey)
-	if connLimit != "" {
+// videoValues are a video route's spec.nginx.values as the file writes
+// them: checked against the forms nginx accepts, defaults filled.
+type videoValues struct {
+	bodySize, proxyTimeout, connectTimeout string
+	// connLimit, reqLimit, reqBurst: the upload limits, "" for none;
+	// limitKey is the key of their zones.
+	connLimit, reqLimit, reqBurst, limitKey string
+	// rate and rateAfter are limit_rate and limit_rate_after in bytes
+	// (rate_limit converted), "" without a rate_limit.
+	rate, rateAfter string
+	// keys and public are api_keys (comma-separated, "" for no key
+	// check) and auth_public_paths.
+	keys, public string
+}
+
+// videoVal is the value of spec.nginx.values key k, or its video default.
+func (c *compilation) videoVal(k string) string {
+	if v, ok := c.route.Spec.Nginx.Values[k]; ok {
+		return v
+	}
+	return videoDefaults[k]
+}
+
+// videoValues reads and checks the route's video values; an error names
+// the first value nginx would not accept.
+func (c *compilation) videoValues() (videoValues, error) {
+	var v videoValues
+	var err error
+	check := func(k string, re *regexp.Regexp, dst *string) {
+		if err != nil {
+			return
+		}
+		if *dst = c.videoVal(k); *dst != "" && !re.MatchString(*dst) {
+			err = fmt.Errorf("spec.nginx.values.%s %q is not in a form nginx accepts", k, *dst)
+		}
+	}
+	check("max_body_size", reSize, &v.bodySize)
+	check("proxy_timeout", reTime, &v.proxyTimeout)
+	check("connect_timeout", reTime, &v.connectTimeout)
+	check("upload_conn_limit", reCount, &v.connLimit)
+	check("upload_req_limit", reReqRate, &v.reqLimit)
+	check("upload_req_burst", reBurst, &v.reqBurst)
+	check("upload_limit_key", reVar, &v.limitKey)
+	if err != nil {
+		return v, err
+	}
+	if r := c.videoVal("rate_limit"); r != "" {
+		if v.rate, err = RateLimitBytes(r); err != nil {
+			return v, fmt.Errorf("spec.nginx.values.rate_limit: %w", err)
+		}
+		after := c.videoVal("rate_limit_after")
+		if after == "" {
+			after = "1m"
+		}
+		if !reSize.MatchString(after) {
+			return v, fmt.Errorf("spec.nginx.values.rate_limit_after %q is not an nginx size", after)
+		}
+		v.rateAfter = nginxSize(after)
+	}
+	for _, s := range []string{v.bodySize, v.proxyTimeout, v.connectTimeout} {
+		if s == "" {
+			return v, fmt.Errorf("max_body_size, proxy_timeout and connect_timeout must not be empty")
+		}
+	}
+	v.keys, v.public = c.videoVal("api_keys"), c.videoVal("auth_public_paths")
+	return v, nil
+}
+
+// appendVideoHTTP writes the http-level directives: the upload limits'
+// zones and the maps of the forwarded headers. This file is included
+// inside http{}, shared with every other route, so every name carries the
+// route's identifier.
+func (c *compilation) appendVideoHTTP(b []byte, v *videoValues) []byte {
+	connZone, reqZone := limitZones(upstreamName(c.name), v.limitKey)
+	fwd := videoVarPrefix(c.name)
+	if v.connLimit != "" {
 		b = append(b, "limit_conn_zone "...)
-		b = append(b, limitKey...)
+		b = append(b, v.limitKey...)
 		b = append(b, " zone="...)
 		b = append(b, connZone...)
 		b = append(b, ":1m;\n"...)
 	}
-	if reqLimit != "" {
+	if v.reqLimit != "" {
 		b = append(b, "limit_req_zone "...)
-		b = append(b, limitKey...)
+		b = append(b, v.limitKey...)
 		b = append(b, " zone="...)
 		b = append(b, reqZone...)
 		b = append(b, ":1m rate="...)
-		b = append(b, reqLimit...)
+		b = append(b, v.reqLimit...)
 		b = append(b, ";\n"...)
 	}
 	b = append(b, "map $http_x_forwarded_proto $"...)
 	b = append(b, fwd...)
 	b = append(b, "_fwd_proto {\n    default $http_x_forwarded_proto;\n    \"\" $scheme;\n}\nmap $http_x_forwarded_host $"...)
 	b = append(b, fwd...)
-	b = append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
+	return append(b, "_fwd_host {\n    default $http_x_forwarded_host;\n    \"\" $host;\n}\n\n"...)
+}
 
-	if engine {
-		b = appendBalancerUpstream(b, c.name)
-	} else {
-		b = appendVideoUpstream(b, up, tiers, n)
-	}
-
-	b = c.appendServerHead(b)
-	b = append(b, "    client_max_body_size "...)
-	b = append(b, bodySize...)
-	b = append(b, ";\n\n    location / {\n"...)
+// appendVideoLocation writes the body of the video location: prefix
+// strip, the access phase (appendVideoAccess), the upload limits, the
+// proxy (appendVideoProxy), and with the engine its log phase; it leaves
+// the location open.
+func (c *compilation) appendVideoLocation(b []byte, v *videoValues, tiers []tier, engine bool) []byte {
 	b = c.appendStrip(b)
-	keys := val("api_keys")
-	switch {
-	case c.opts.DynamicPeers:
-		// One access_by_lua_block per location: the key check, then the
-		// registration and the engine's access.
-		b = append(b, "        access_by_lua_block {\n"...)
-		if keys != "" {
-			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
-		}
-		b = appendDynamicRegistration(b, c.name, c.videoEngineOptions())
-		b = append(b, "        }\n"...)
-	case c.hasCanary() || c.scaleToZero():
-		// A static canary or scale-to-zero route: registered with its
-		// tiers (and the canary), with the dynamic video options (the
-		// static upstream's semantics).
-		b = append(b, "        access_by_lua_block {\n"...)
-		if keys != "" {
-			b = appendVideoAuthCheck(b, keys, val("auth_public_paths"))
-		}
-		b = c.appendStaticRegistration(b, c.videoEngineOptions(), tiers)
-		b = append(b, "        }\n"...)
-	case keys != "":
-		b = appendVideoAuth(b, keys, val("auth_public_paths"))
-	}
-	if connLimit != "" {
+	b = c.appendVideoAccess(b, v, tiers, engine)
+	connZone, reqZone := limitZones(upstreamName(c.name), v.limitKey)
+	if v.connLimit != "" {
 		b = append(b, "        limit_conn "...)
 		b = append(b, connZone...)
 		b = append(b, ' ')
-		b = append(b, connLimit...)
+		b = append(b, v.connLimit...)
 		b = append(b, ";\n"...)
 	}
-	if reqLimit != "" {
+	if v.reqLimit != "" {
 		b = append(b, "        limit_req zone="...)
 		b = append(b, reqZone...)
-		if reqBurst != "" {
+		if v.reqBurst != "" {
 			b = append(b, " burst="...)
-			b = append(b, reqBurst...)
+			b = append(b, v.reqBurst...)
 		}
 		b = append(b, ";\n"...)
 	}
+	b = c.appendVideoProxy(b, v)
+	if c.hasCanary() {
+		b = appendHeaderFilter(b, c.name)
+	}
+	if engine {
+		// The engine releases the try's slot and counts a connection
+		// failure (ejection after 3) when the request ends.
+		b = append(b, "        log_by_lua_block {\n            require(\""+LuaModule+"\").log("...)
+		b = append(b, LuaString(c.name)...)
+		b = append(b, ")\n        }\n"...)
+	}
+	return b
+}
+
+// appendVideoAccess writes the location's access phase: the API key check
+// and, for a route the engine serves, its registration and the engine's
+// access, in one access_by_lua_block.
+func (c *compilation) appendVideoAccess(b []byte, v *videoValues, tiers []tier, engine bool) []byte {
+	if !engine {
+		if v.keys != "" {
+			b = appendVideoAuth(b, v.keys, v.public)
+		}
+		return b
+	}
+	b = append(b, "        access_by_lua_block {\n"...)
+	if v.keys != "" {
+		b = appendVideoAuthCheck(b, v.keys, v.public)
+	}
+	if c.opts.DynamicPeers {
+		b = appendDynamicRegistration(b, c.name, c.videoEngineOptions())
+	} else {
+		// A static canary or scale-to-zero route: registered with its
+		// tiers (and the canary), with the dynamic video options (the
+		// static upstream's semantics).
+		b = c.appendStaticRegistration(b, c.videoEngineOptions(), tiers)
+	}
+	return append(b, "        }\n"...)
+}
+
+// appendVideoProxy writes the location's proxy directives: the upstream,
+// the forwarded headers, the timeouts and retries, and the buffering (off,
+// or on in memory under a rate limit).
+func (c *compilation) appendVideoProxy(b []byte, v *videoValues) []byte {
+	fwd := videoVarPrefix(c.name)
 	b = append(b, "        proxy_pass http://"...)
-	b = append(b, up...)
+	b = append(b, upstreamName(c.name)...)
 	b = append(b, ";\n"...)
 	b = append(b, `        proxy_http_version 1.1;
         proxy_set_header Connection "";
@@ -216,11 +263,11 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	b = append(b, "_fwd_host;\n        proxy_set_header X-Forwarded-Proto $"...)
 	b = append(b, fwd...)
 	b = append(b, "_fwd_proto;\n        proxy_set_header Range $http_range;\n        proxy_set_header If-Range $http_if_range;\n        proxy_connect_timeout "...)
-	b = append(b, connectTimeout...)
+	b = append(b, v.connectTimeout...)
 	b = append(b, ";\n        proxy_read_timeout "...)
-	b = append(b, proxyTimeout...)
+	b = append(b, v.proxyTimeout...)
 	b = append(b, ";\n        proxy_send_timeout "...)
-	b = append(b, proxyTimeout...)
+	b = append(b, v.proxyTimeout...)
 	b = append(b, ";\n        # A refused or timed-out connection moves on to another peer (nothing\n        # was sent); a 503 answer is passed back and ejects no one.\n        proxy_next_upstream error timeout;\n        proxy_next_upstream_tries "...)
 	tries := int64(videoUpstreamTries)
 	if c.hasCanary() {
@@ -229,29 +276,16 @@ func (c *compilation) renderVideo(tiers []tier) ([]byte, error) {
 	}
 	b = strconv.AppendInt(b, tries, 10)
 	b = append(b, ";\n"...)
-	if rate == "" {
-		b = append(b, "        proxy_buffering off;\n"...)
-	} else {
-		// limit_rate is ignored while proxy_buffering is off; buffer in
-		// memory only, so a slow client back-pressures the upstream.
-		b = append(b, "        proxy_buffering on;\n        proxy_max_temp_file_size 0;\n        proxy_ignore_headers X-Accel-Buffering X-Accel-Limit-Rate;\n        limit_rate "...)
-		b = append(b, rate...)
-		b = append(b, ";\n        limit_rate_after "...)
-		b = append(b, rateAfter...)
-		b = append(b, ";\n"...)
+	if v.rate == "" {
+		return append(b, "        proxy_buffering off;\n"...)
 	}
-	if c.hasCanary() {
-		b = appendHeaderFilter(b, c.name)
-	}
-	if engine {
-		// The engine releases the try's slot and counts a connection
-		// failure (ejection after 3) when the request ends.
-		b = append(b, "        log_by_lua_block {\n            require(\""+LuaModule+"\").log("...)
-		b = append(b, LuaString(c.name)...)
-		b = append(b, ")\n        }\n"...)
-	}
-	b = append(b, "    }\n}\n"...)
-	return b, nil
+	// limit_rate is ignored while proxy_buffering is off; buffer in
+	// memory only, so a slow client back-pressures the upstream.
+	b = append(b, "        proxy_buffering on;\n        proxy_max_temp_file_size 0;\n        proxy_ignore_headers X-Accel-Buffering X-Accel-Limit-Rate;\n        limit_rate "...)
+	b = append(b, v.rate...)
+	b = append(b, ";\n        limit_rate_after "...)
+	b = append(b, v.rateAfter...)
+	return append(b, ";\n"...)
 }
 
 // appendVideoUpstream writes the static video upstream: the highest tier

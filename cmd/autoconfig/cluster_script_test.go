@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/modelsphere/autoconfig/internal/charttest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -125,7 +126,7 @@ func TestClusterScripts(t *testing.T) {
 // diffRole is the chart's read-only <release>-diff ClusterRole.
 func diffRole(t *testing.T) *unstructured.Unstructured {
 	t.Helper()
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

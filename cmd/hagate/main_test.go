@@ -172,7 +172,7 @@ var rbacDocRE = regexp.MustCompile("(?s)<!-- rbac:begin -->\\s*```yaml\\n(.*?)``
 // to the test's hagate user.
 func applyDocsRBAC(t testing.TB, ns string) {
 	t.Helper()
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

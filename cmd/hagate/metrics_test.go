@@ -8,17 +8,13 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/charttest"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
-	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // TestChartMetricsServed: every hagate metric the chart's alerts and
 // dashboard read is in a scrape of the running hagate binary's /metrics.
 func TestChartMetricsServed(t *testing.T) {
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	read, err := charttest.MetricsRead(root)
+	read, err := charttest.MetricsRead(testbin.Root(t))
 	if err != nil {
 		t.Fatal(err)
 	}

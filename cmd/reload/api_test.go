@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
-	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -161,7 +161,7 @@ func TestAPIMode(t *testing.T) {
 	// Key a removed: its file goes, nginx drops the route.
 	a.update(t, map[string]string{routeFile("b"): routeConf(n, "b", "b1")})
 	s.waitCount(t, 3, "result=success")
-	reloadtest.WaitFor(t, wait, "route a to go", func() bool {
+	testbin.WaitFor(t, wait, "route a to go", func() bool {
 		code, _ := nginxtest.Get(t, n.URL("a"))
 		return code == 502
 	})

@@ -86,21 +86,21 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	debounce, dynamic := o.debounce, o.dynamic
 	_, cfg := testenv.Start(t)
 	sch := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(sch))
-	must(t, v1alpha1.AddToScheme(sch))
+	testbin.Must(t, clientgoscheme.AddToScheme(sch))
+	testbin.Must(t, v1alpha1.AddToScheme(sch))
 	k8s, err := client.New(cfg, client.Options{Scheme: sch})
-	must(t, err)
+	testbin.Must(t, err)
 	ctx := context.Background()
 	kubeconfig := writeKubeconfig(t, cfg.Host, cfg.CAData, cfg.CertData, cfg.KeyData)
 
-	must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	testbin.Must(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 	var cmAnnotations map[string]string
 	if dynamic {
 		cmAnnotations = map[string]string{peers.Annotation: "true"}
 	}
-	must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes", Annotations: cmAnnotations}}))
+	testbin.Must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes", Annotations: cmAnnotations}}))
 	for _, svc := range []string{"qwen", "openresty"} {
-		must(t, k8s.Create(ctx, &corev1.Service{
+		testbin.Must(t, k8s.Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc},
 			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
 		}))
@@ -134,7 +134,7 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	}
 	newPod := func(name string) {
 		t.Helper()
-		must(t, k8s.Create(ctx, &corev1.Pod{
+		testbin.Must(t, k8s.Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "openresty"}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}, {Name: "reload", Image: "reload"}}},
 		}))
@@ -146,8 +146,8 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	consumers("openresty-0")
 
 	// openresty-0: nginx with the reference lua router, and its sidecar.
-	root, err := testenv.ModuleRoot()
-	must(t, err)
+	root, err := testbin.ModuleRoot()
+	testbin.Must(t, err)
 	dir0 := t.TempDir()
 	opts := nginxtest.Options{RoutesDir: dir0, LuaPackagePath: filepath.Join(root, "deploy", "openresty", "lua", "?.lua")}
 	if dynamic {
@@ -161,12 +161,12 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	// The controller, rendering for nginx's socket directory.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Cache: controller.CacheOptions(nil), Controller: config.Controller{SkipNameValidation: ptr(true)}})
-	must(t, err)
+	testbin.Must(t, err)
 	v, err := schema.Default()
-	must(t, err)
+	testbin.Must(t, err)
 	r := &controller.Reconciler{Validator: v, CompileOptions: compiler.Options{SockDir: n0.SockDir()}, Recorder: mgr.GetEventRecorder(controller.Name)}
 	mctx, cancel := context.WithCancel(ctx)
-	must(t, r.SetupWithManager(mctx, mgr, 4))
+	testbin.Must(t, r.SetupWithManager(mctx, mgr, 4))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
 	t.Cleanup(func() { cancel(); <-done })
@@ -182,7 +182,7 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 		}}
 	}
 	for _, rt := range routes {
-		must(t, k8s.Create(ctx, rt))
+		testbin.Must(t, k8s.Create(ctx, rt))
 	}
 	return &appliedEnv{k8s: k8s, kubeconfig: kubeconfig, dir0: dir0, s0: s0, backends: backends, consumers: consumers, newPod: newPod, n0: n0}
 }
@@ -209,8 +209,8 @@ func TestAppliedEndToEnd(t *testing.T) {
 		t.Helper()
 		var rt v1alpha1.ModelRoute
 		var last string
-		reloadtest.WaitFor(t, wait, "Applied="+string(status)+"/"+reason+" synced="+synced, func() bool {
-			must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen"}, &rt))
+		testbin.WaitFor(t, wait, "Applied="+string(status)+"/"+reason+" synced="+synced, func() bool {
+			testbin.Must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen"}, &rt))
 			c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
 			if c == nil {
 				return false
@@ -278,23 +278,16 @@ func TestAppliedEndToEnd(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 func applySlice(t testing.TB, k8s client.Client, s *discoveryv1.EndpointSlice) {
 	t.Helper()
 	ctx := context.Background()
 	var cur discoveryv1.EndpointSlice
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(s), &cur); err == nil {
 		s.ResourceVersion = cur.ResourceVersion
-		must(t, k8s.Update(ctx, s))
+		testbin.Must(t, k8s.Update(ctx, s))
 		return
 	}
-	must(t, k8s.Create(ctx, s))
+	testbin.Must(t, k8s.Create(ctx, s))
 }
 
 // writeKubeconfig writes a kubeconfig for the sidecars (the envtest admin).
@@ -306,7 +299,7 @@ func writeKubeconfig(t testing.TB, host string, ca, cert, key []byte) string {
 	c.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
 	c.CurrentContext = "envtest"
 	p := filepath.Join(t.TempDir(), "kubeconfig")
-	must(t, clientcmd.WriteToFile(*c, p))
+	testbin.Must(t, clientcmd.WriteToFile(*c, p))
 	return p
 }
 
@@ -335,12 +328,12 @@ func benchEndpointChange(b *testing.B, dynamic bool, peersN int) {
 	}
 	cm := func() string {
 		var c corev1.ConfigMap
-		must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		testbin.Must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
 		return c.Data[key]
 	}
 	served := func() string {
 		var p corev1.Pod
-		must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+		testbin.Must(b, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
 		r, err := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
 		if err != nil {
 			return ""

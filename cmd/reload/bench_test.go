@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // reportLatencies reports p50/p99/max of ds in milliseconds.
@@ -45,7 +46,7 @@ func BenchmarkSwapToHUP(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
 				reloadtest.KubeletSwap(b, dir, map[string]string{"config.yaml": fmt.Sprintf("v%d", i+1)})
-				reloadtest.WaitFor(b, wait, "the HUP", func() bool { return cart.Count() == i+1 })
+				testbin.WaitFor(b, wait, "the HUP", func() bool { return cart.Count() == i+1 })
 				ds = append(ds, cart.Times()[i].Sub(t0))
 			}
 			b.StopTimer()

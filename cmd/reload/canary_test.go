@@ -28,6 +28,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -89,7 +90,7 @@ func setSlices(t testing.TB, k8s client.Client, ns, svc, ip string, ports []int3
 	t.Helper()
 	ctx := context.Background()
 	var l discoveryv1.EndpointSliceList
-	must(t, k8s.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: svc}))
+	testbin.Must(t, k8s.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: svc}))
 	want := map[string]bool{}
 	for _, p := range ports {
 		name := svc + "-" + strconv.Itoa(int(p))
@@ -207,18 +208,18 @@ func TestCanaryEndToEnd(t *testing.T) {
 	key := peers.Key("qwen")
 	cm := func() map[string]string {
 		var c corev1.ConfigMap
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
 		return c.Data
 	}
 	route := func() *v1alpha1.ModelRoute {
 		var rt v1alpha1.ModelRoute
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
 		return &rt
 	}
 	patch := func(p string) {
 		t.Helper()
 		rt := &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: appliedNS, Name: "qwen"}}
-		must(t, e.k8s.Patch(ctx, rt, client.RawPatch(types.MergePatchType, []byte(p))))
+		testbin.Must(t, e.k8s.Patch(ctx, rt, client.RawPatch(types.MergePatchType, []byte(p))))
 	}
 	// served waits until the route is Ready for its generation and
 	// openresty-0 serves both of its current keys (its sidecar's served
@@ -240,11 +241,11 @@ func TestCanaryEndToEnd(t *testing.T) {
 			if err != nil || !ok(tab) {
 				return fmt.Sprintf("ConfigMap key %s not the wanted table yet (err %v):\n%s", key, err, d[key])
 			}
-			if v := engineVersion(ctl, "qwen"); v != tab.Version {
+			if v := reloadtest.EngineVersion(ctl, "qwen"); v != tab.Version {
 				return fmt.Sprintf("the engine holds peers version %q, the ConfigMap %q", v, tab.Version)
 			}
 			var p corev1.Pod
-			must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+			testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
 			rep, _ := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
 			if rep.Keys[key] != servedpkg.ID([]byte(d[key])) || rep.Keys[appliedKey] != servedpkg.ID([]byte(d[appliedKey])) {
 				return fmt.Sprintf("openresty-0's served report does not name the current keys: %s", p.Annotations[servedpkg.Annotation])
@@ -253,7 +254,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 		}
 		// Each poll reads the API server three times: every 20 ms, not
 		// faster, on a loaded machine.
-		reloadtest.WaitUntil(t, wait, 20*time.Millisecond, what, why)
+		testbin.WaitUntil(t, wait, 20*time.Millisecond, what, why)
 		t.Logf("%s: served %s after the change", what, time.Since(start).Round(time.Millisecond))
 	}
 
@@ -269,7 +270,7 @@ func TestCanaryEndToEnd(t *testing.T) {
 	before := cm()
 
 	// The canary: two backends behind Service qwen-v2, at 10 %.
-	must(t, e.k8s.Create(ctx, &corev1.Service{
+	testbin.Must(t, e.k8s.Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: appliedNS, Name: "qwen-v2"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
 	}))

@@ -30,6 +30,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	servedpkg "github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -156,22 +157,6 @@ func control(n *nginxtest.Nginx) *http.Client {
 	}}}
 }
 
-// engineVersion is the peers version the engine holds for route ("" if none).
-func engineVersion(c *http.Client, route string) string {
-	resp, err := c.Get("http://engine/peers/" + route)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var a struct {
-		Version string `json:"version"`
-	}
-	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&a) != nil {
-		return ""
-	}
-	return a.Version
-}
-
 func tableVersion(t testing.TB, content string) string {
 	t.Helper()
 	tab, err := peers.Parse([]byte(content))
@@ -237,7 +222,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 		"--debounce", "20ms", "--log-level=debug")
 	for _, r := range []string{"chat", "vid"} {
 		want := tableVersion(t, files[peers.Key(r)])
-		reloadtest.WaitFor(t, wait, "the start push of "+r, func() bool { return engineVersion(ctl, r) == want })
+		testbin.WaitFor(t, wait, "the start push of "+r, func() bool { return reloadtest.EngineVersion(ctl, r) == want })
 	}
 	baseHUPs, workers := hups(n), n.WorkerPIDs()
 
@@ -268,7 +253,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 			results <- result{route, lines, sc.Err()}
 		}()
 	}
-	reloadtest.WaitFor(t, wait, "the streams to start", func() bool {
+	testbin.WaitFor(t, wait, "the streams to start", func() bool {
 		var h int64
 		for _, bs := range stay {
 			for _, b := range bs {
@@ -300,7 +285,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 		files = d.files(current)
 		reloadtest.KubeletSwap(t, dir, files)
 		want := tableVersion(t, files[peers.Key(route)])
-		reloadtest.WaitFor(t, wait, fmt.Sprintf("change %d acknowledged", i), func() bool { return engineVersion(ctl, route) == want })
+		testbin.WaitFor(t, wait, fmt.Sprintf("change %d acknowledged", i), func() bool { return reloadtest.EngineVersion(ctl, route) == want })
 		// From the acknowledgement on, every request reaches the new set.
 		names := map[string]bool{}
 		for _, b := range current[route] {
@@ -345,7 +330,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 	files = d2.files(current)
 	reloadtest.KubeletSwap(t, dir, files)
 	s.waitCount(t, 1, "result=success")
-	reloadtest.WaitFor(t, wait, "the reloaded chat route to register FailOpen", func() bool {
+	testbin.WaitFor(t, wait, "the reloaded chat route to register FailOpen", func() bool {
 		code, body := nginxtest.Get(t, n.URL("chat")+"_status")
 		return code == 200 && strings.Contains(body, "FailOpen")
 	})
@@ -372,7 +357,7 @@ func TestDynamicPeersNoReload(t *testing.T) {
 	// The sidecar sees the new master and pushes every table to it.
 	for _, r := range []string{"chat", "vid"} {
 		want := tableVersion(t, files[peers.Key(r)])
-		reloadtest.WaitFor(t, wait, "the push of "+r+" to the new master", func() bool {
+		testbin.WaitFor(t, wait, "the push of "+r+" to the new master", func() bool {
 			resp, err := ctl.Get("http://engine/peers/" + r)
 			if err != nil {
 				return false
@@ -423,7 +408,7 @@ func BenchmarkDynamicPeersMounted(b *testing.B) {
 			ctl := control(n)
 			startSidecar(b, "--watch", dir, "--process", n.MasterMatch(), "--sock-dir", n.SockDir(), "--check-cmd", checkCmd(n), "--debounce", "50ms", "--log-level=info")
 			want := tableVersion(b, files[peers.Key("chat")])
-			reloadtest.WaitFor(b, wait, "the start push", func() bool { return engineVersion(ctl, "chat") == want })
+			testbin.WaitFor(b, wait, "the start push", func() bool { return reloadtest.EngineVersion(ctl, "chat") == want })
 			var ds []time.Duration
 			b.ResetTimer()
 			for i := range b.N {
@@ -432,7 +417,7 @@ func BenchmarkDynamicPeersMounted(b *testing.B) {
 				t0 := time.Now()
 				reloadtest.KubeletSwap(b, dir, files)
 				deadline := t0.Add(wait)
-				for engineVersion(ctl, "chat") != want {
+				for reloadtest.EngineVersion(ctl, "chat") != want {
 					if time.Now().After(deadline) {
 						b.Fatalf("change %d never acknowledged", i)
 					}
@@ -458,16 +443,16 @@ func TestAppliedDynamicPeers(t *testing.T) {
 	key := peers.Key("qwen")
 	report := func() servedpkg.Report {
 		var p corev1.Pod
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "openresty-0"}, &p))
 		r, _ := servedpkg.Parse(p.Annotations[servedpkg.Annotation])
 		return r
 	}
 	cm := func() map[string]string {
 		var c corev1.ConfigMap
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "routes"}, &c))
 		return c.Data
 	}
-	reloadtest.WaitFor(t, wait, "openresty-0 to serve the first table", func() bool {
+	testbin.WaitFor(t, wait, "openresty-0 to serve the first table", func() bool {
 		d := cm()
 		return d[key] != "" && report().Keys[key] == servedpkg.ID([]byte(d[key]))
 	})
@@ -477,7 +462,7 @@ func TestAppliedDynamicPeers(t *testing.T) {
 	}
 	reloads := e.s0.count("result=success")
 	e.backends("10.1.0.1", "10.1.0.2", "10.1.0.3")
-	reloadtest.WaitFor(t, wait, "openresty-0 to serve the scaled-out table", func() bool {
+	testbin.WaitFor(t, wait, "openresty-0 to serve the scaled-out table", func() bool {
 		d := cm()
 		r := report()
 		return strings.Contains(d[key], `"10.1.0.3"`) && r.Keys[key] == servedpkg.ID([]byte(d[key])) && r.How == servedpkg.HowPush
@@ -495,9 +480,9 @@ func TestAppliedDynamicPeers(t *testing.T) {
 	if n := e.s0.count("result=success"); n != reloads {
 		t.Fatalf("%d reloads for a scale-out, want none", n-reloads)
 	}
-	reloadtest.WaitFor(t, wait, "Applied True 1/1", func() bool {
+	testbin.WaitFor(t, wait, "Applied True 1/1", func() bool {
 		var rt v1alpha1.ModelRoute
-		must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
+		testbin.Must(t, e.k8s.Get(ctx, client.ObjectKey{Namespace: appliedNS, Name: "qwen"}, &rt))
 		c := meta.FindStatusCondition(rt.Status.Conditions, controller.TypeApplied)
 		return c != nil && c.Status == metav1.ConditionTrue && rt.Status.Synced == "1/1"
 	})

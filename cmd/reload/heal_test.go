@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // These tests inject a failure that heals by itself and check that the
@@ -104,7 +105,7 @@ func TestAPIModeQuarantineLetsOtherRoutesThrough(t *testing.T) {
 	t0 := time.Now()
 	a.update(t, map[string]string{routeFile("a"): routeConf(n, "a", "a2"), routeFile("b"): brokenRoute(n, "b")})
 	var served time.Time
-	reloadtest.WaitFor(t, wait, "a's new version to be served", func() bool {
+	testbin.WaitFor(t, wait, "a's new version to be served", func() bool {
 		_, body := nginxtest.Get(t, n.URL("a"))
 		served = time.Now()
 		return body == "a2\n"

@@ -84,7 +84,7 @@ func startSidecar(t testing.TB, args ...string) *sidecar {
 			t.Logf("reload log:\n%s", s.log.String())
 		}
 	})
-	reloadtest.WaitFor(t, wait, "the sidecar to watch", func() bool {
+	testbin.WaitFor(t, wait, "the sidecar to watch", func() bool {
 		select {
 		case err := <-exited:
 			t.Fatalf("reload exited at startup: %v\n%s", err, s.log.String())
@@ -120,7 +120,7 @@ lines:
 // waitCount waits until count(subs...) >= n.
 func (s *sidecar) waitCount(t testing.TB, n int, subs ...string) {
 	t.Helper()
-	reloadtest.WaitFor(t, wait, fmt.Sprintf("%d log lines with %q", n, subs), func() bool { return s.count(subs...) >= n })
+	testbin.WaitFor(t, wait, fmt.Sprintf("%d log lines with %q", n, subs), func() bool { return s.count(subs...) >= n })
 }
 
 // metric scrapes /metrics for one sample, e.g.
@@ -210,7 +210,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	s.waitCount(t, 1, "msg=watching", "debounce=100ms")
 	reloadtest.KubeletSwap(t, dir, map[string]string{"config.yaml": "workers: []\n"})
 	s.waitCount(t, 1, "result=signalled")
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
 }
 
 func TestSelfMatchIsImpossible(t *testing.T) {
@@ -244,7 +244,7 @@ func TestCARTLikeTargetIsSignalledUnverified(t *testing.T) {
 	for i := 2; i <= 4; i++ {
 		reloadtest.KubeletSwap(t, dir, map[string]string{"config.yaml": fmt.Sprintf("workers:\n- url: http://10.0.0.%d:8000\n", i)})
 		s.waitCount(t, i-1, "result=signalled", fmt.Sprintf("pid=%d", cart.PID()))
-		reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= i-1 })
+		testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= i-1 })
 		if n := cart.Count(); n != i-1 {
 			t.Fatalf("after %d swaps: %d HUPs", i-1, n)
 		}

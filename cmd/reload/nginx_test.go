@@ -13,6 +13,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // routeConf is a minimal route file of the shape the compiler renders: a
@@ -48,7 +49,7 @@ func waitServes(t testing.TB, n *nginxtest.Nginx, route, body string) {
 	t.Helper()
 	var code int
 	var got string
-	reloadtest.WaitFor(t, wait, "route "+route+" to serve "+body, func() bool {
+	testbin.WaitFor(t, wait, "route "+route+" to serve "+body, func() bool {
 		code, got = nginxtest.Get(t, n.URL(route))
 		return code == 200 && got == body+"\n"
 	})
@@ -93,7 +94,7 @@ func TestNginxKubeletSwaps(t *testing.T) {
 	s.waitCount(t, 2, "result=success")
 	waitServes(t, n, "c", "c1")
 	wantServes(t, n, "a", "a2")
-	reloadtest.WaitFor(t, wait, "removed route b to answer 502", func() bool {
+	testbin.WaitFor(t, wait, "removed route b to answer 502", func() bool {
 		code, _ := nginxtest.Get(t, n.URL("b"))
 		return code == http.StatusBadGateway
 	})
@@ -128,7 +129,7 @@ func TestNginxBurstGivesOneOrTwoReloads(t *testing.T) {
 		reloadtest.KubeletSwap(t, dir, map[string]string{routeFile("a"): routeConf(n, "a", fmt.Sprintf("v%d", i))})
 		time.Sleep(5 * time.Millisecond)
 	}
-	reloadtest.WaitFor(t, wait, "nginx to serve v20", func() bool {
+	testbin.WaitFor(t, wait, "nginx to serve v20", func() bool {
 		_, body := nginxtest.Get(t, n.URL("a"))
 		return body == "v20\n"
 	})
@@ -275,7 +276,7 @@ func TestNginxFloodDoesNotPostponeReloads(t *testing.T) {
 		}
 	}()
 	var served time.Time
-	reloadtest.WaitFor(t, wait, "route b to serve b2", func() bool {
+	testbin.WaitFor(t, wait, "route b to serve b2", func() bool {
 		_, got := nginxtest.Get(t, n.URL("b"))
 		if got == "b2\n" {
 			served = time.Now()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -124,7 +123,7 @@ func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
 	// End on good content: it must be served.
 	swaps++
 	reloadtest.KubeletSwap(t, dir, good(swaps))
-	reloadtest.WaitFor(t, wait, "the last good version to be served", func() bool {
+	testbin.WaitFor(t, wait, "the last good version to be served", func() bool {
 		_, body := nginxtest.Get(t, n.URL("a"))
 		return body == fmt.Sprintf("g%d\n", swaps)
 	})
@@ -146,15 +145,10 @@ func TestSwapRaceNeverSignalsUncheckedContent(t *testing.T) {
 // inProcess is a Reloader run in the test process (to wrap its Signaller
 // or inject failures), recording its outcomes.
 type inProcess struct {
-	mu  sync.Mutex
-	out []reload.Outcome
+	out testbin.Recorder[reload.Outcome]
 }
 
-func (p *inProcess) outcomes() []reload.Outcome {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]reload.Outcome(nil), p.out...)
-}
+func (p *inProcess) outcomes() []reload.Outcome { return p.out.Get() }
 
 // runReloader runs the Reloader New builds from o, its signals sent through
 // sig (reload.TestHooks), until the test ends.
@@ -173,25 +167,12 @@ func runReloader(t *testing.T, o reload.Options, sig reload.Signaller) *inProces
 	}
 	hooks := reload.TestHooks{
 		Signaller: sig,
-		OnReload:  func(o reload.Outcome) { p.mu.Lock(); p.out = append(p.out, o); p.mu.Unlock() },
+		OnReload:  p.out.Add,
 	}
 	if v, ok := sig.(interface{ Verified(string) }); ok {
 		hooks.OnVerified = v.Verified
 	}
 	r.SetTestHooks(hooks)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reloader: %v", err)
-		}
-	})
-	select {
-	case <-r.Started():
-	case err := <-done:
-		t.Fatalf("reloader stopped: %v", err)
-	}
+	testbin.Run(t, "reloader", r.Run, r.Started())
 	return p
 }

@@ -28,7 +28,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/controller"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/peers"
-	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -179,10 +179,10 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	k8s := e.k8s
-	must(t, k8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"},
+	testbin.Must(t, k8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "plain"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}}}))
 	labels := map[string]string{"app": "qwen"}
-	must(t, k8s.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}, Spec: appsv1.DeploymentSpec{
+	testbin.Must(t, k8s.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}, Spec: appsv1.DeploymentSpec{
 		Replicas: ptr(int32(0)), Selector: &metav1.LabelSelector{MatchLabels: labels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm"}}}},
 	}}))
@@ -195,12 +195,12 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 
 	route := func(name string) *v1alpha1.ModelRoute {
 		var rt v1alpha1.ModelRoute
-		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt))
+		testbin.Must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt))
 		return &rt
 	}
 	cm := func() map[string]string {
 		var c corev1.ConfigMap
-		must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "routes"}, &c))
+		testbin.Must(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "routes"}, &c))
 		return c.Data
 	}
 	ctl := control(e.n0)
@@ -222,14 +222,14 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 	}
 	atZero := func(what string) {
 		t.Helper()
-		reloadtest.WaitFor(t, wait, what, func() bool {
+		testbin.WaitFor(t, wait, what, func() bool {
 			r := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeReady)
 			tab, err := peers.Parse([]byte(cm()[peers.Key("qwen")]))
 			return r != nil && r.Status == metav1.ConditionTrue && r.Reason == compiler.ReasonScaledToZero && err == nil && len(tab.Tiers) == 0 && enginePeers() == 0
 		})
 	}
 	atZero("qwen Ready with reason ScaledToZero, its engine holding an empty table")
-	reloadtest.WaitFor(t, wait, "plain NoBackends", func() bool {
+	testbin.WaitFor(t, wait, "plain NoBackends", func() bool {
 		r := meta.FindStatusCondition(route("plain").Status.Conditions, controller.TypeReady)
 		return r != nil && r.Status == metav1.ConditionFalse && r.Reason == controller.ReasonNoBackends
 	})
@@ -305,7 +305,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 			last = a.Sent
 		}
 	}
-	reloadtest.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
+	testbin.WaitFor(t, idle+30*time.Second, "the workload scaled back to 0", func() bool {
 		_, slept, _ := w.times()
 		return len(slept) == 1
 	})
@@ -349,12 +349,12 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 
 	// Another autoscaler on the workload: idleAfter is refused (the
 	// condition names it) and the workload stays up past idleAfter.
-	must(t, k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-hpa"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+	testbin.Must(t, k8s.Create(ctx, &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-hpa"}, Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
 		ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "qwen"}, MinReplicas: ptr(int32(1)), MaxReplicas: 3,
 	}}))
-	must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
+	testbin.Must(t, k8s.Patch(ctx, &v1alpha1.ModelRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen"}},
 		client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"test/touch":"1"}}}`))))
-	reloadtest.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
+	testbin.WaitFor(t, wait, "ScaleToZero False IdleAfterRefused naming the HPA", func() bool {
 		c := meta.FindStatusCondition(route("qwen").Status.Conditions, controller.TypeScaleToZero)
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == controller.ReasonIdleAfterRefused && strings.Contains(c.Message, "HorizontalPodAutoscaler/qwen-hpa")
 	})
@@ -368,7 +368,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 func hasEvent(ctx context.Context, t *testing.T, k8s client.Client, ns, name, reason string) bool {
 	t.Helper()
 	ok := false
-	reloadtest.WaitFor(t, 10*time.Second, fmt.Sprintf("event %s on %s", reason, name), func() bool {
+	testbin.WaitFor(t, 10*time.Second, fmt.Sprintf("event %s on %s", reason, name), func() bool {
 		var l eventsv1.EventList
 		if err := k8s.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return false

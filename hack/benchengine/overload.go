@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/llmsim"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
@@ -179,7 +180,7 @@ func overloadRun(g *rig, o *options, name string, values map[string]string) (ove
 	tokens0, at0 := decoded(pods), time.Now()
 	var samples, active int
 	lmin, lmax := math.Inf(1), math.Inf(-1)
-	var st tpsStatus
+	var st nginxtest.TPSStatus
 	for next := t0.Add(time.Second); ; next = next.Add(time.Second) {
 		if next.After(t1) {
 			next = t1

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -121,45 +119,13 @@ func podEndpoints(pods llmsim.Pods) []compiler.Endpoint {
 	return eps
 }
 
-// tpsStatus is what GET <route>/_tps_status answers (the fields the
-// benchmark reads).
-type tpsStatus struct {
-	AdaptiveCCOn bool `json:"adaptive_cc_on"`
-	Peers        []struct {
-		Host      string   `json:"host"`
-		Port      int      `json:"port"`
-		Limit     *float64 `json:"limit"`
-		InFlight  float64  `json:"in_flight"`
-		DecodeTPS *float64 `json:"decode_tps_ewma"`
-	} `json:"peers"`
-}
-
 // tpsStatusOf reads the route's SLO admission state through the
 // dispatch (from 127.0.0.1, which the route's guard lets through).
-func (g *rig) tpsStatusOf(route *compiler.Route) (tpsStatus, error) {
-	var st tpsStatus
+func (g *rig) tpsStatusOf(route *compiler.Route) (nginxtest.TPSStatus, error) {
+	var st nginxtest.TPSStatus
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, g.n.URL(compiler.RouteName(route))+"_tps_status", nil)
-	if err != nil {
-		return st, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return st, fmt.Errorf("get _tps_status: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return st, fmt.Errorf("read _tps_status: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("get _tps_status: status %d: %s", resp.StatusCode, b)
-	}
-	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("decode _tps_status: %w", err)
-	}
-	return st, nil
+	return st, nginxtest.GetJSON(ctx, g.n.URL(compiler.RouteName(route))+"_tps_status", &st)
 }
 
 // newClient is an HTTP client keeping up to conns idle connections.

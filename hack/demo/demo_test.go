@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/charttest"
-	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // TestDemo runs the whole demo without pauses: the real apiserver, the real
@@ -25,11 +25,7 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	read, err := charttest.MetricsRead(root)
+	read, err := charttest.MetricsRead(testbin.Root(t))
 	if err != nil {
 		t.Fatal(err)
 	}

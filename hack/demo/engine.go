@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/modelsphere/autoconfig/internal/llmsim"
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 )
 
 // The llm engine scene: a second llm route, chat, whose backends are
@@ -277,14 +277,6 @@ func (d *demo) chatSessions(ctx context.Context, pods llmsim.Pods) error {
 	return nil
 }
 
-// burstStats is what the burst measured.
-type burstStats struct {
-	admitted, refused, failed int
-	rates                     []float64
-	refusal                   []time.Duration
-	firstErr                  string
-}
-
 // sloBurst sets the route's decode SLO, waits until nginx runs it, and
 // sends burstClients concurrent streaming clients (twice what the pods
 // carry at the SLO) for burstWarm+burstMeasure.
@@ -316,12 +308,12 @@ func (d *demo) sloBurst(ctx context.Context, pods llmsim.Pods) error {
 
 	d.say("a burst: %d clients, each streaming %d-token answers back to back for %s (the pods carry %d × %d / %d = %d streams at %d tokens/s)",
 		burstClients, burstTokens, burstWarm+burstMeasure, chatPods, chatDecode, chatSLO, chatPods*chatDecode/chatSLO, chatSLO)
-	st, decoded := d.burst(ctx, pods)
-	if st.failed > 0 {
-		return fmt.Errorf("burst: %d requests neither served nor refused; the first: %s", st.failed, st.firstErr)
+	st := d.burst(ctx, pods)
+	if st.Failed > 0 {
+		return fmt.Errorf("burst: %d requests neither served nor refused; the first: %s", st.Failed, st.FirstErr)
 	}
-	if st.admitted == 0 {
-		return fmt.Errorf("burst: no stream admitted in the measured %s (%d refused)", burstMeasure, st.refused)
+	if st.Admitted == 0 {
+		return fmt.Errorf("burst: no stream admitted in the measured %s (%d refused)", burstMeasure, st.Refused)
 	}
 	ts, err := d.tps(ctx)
 	if err != nil {
@@ -342,79 +334,22 @@ func (d *demo) sloBurst(ctx context.Context, pods llmsim.Pods) error {
 		limits = append(limits, l)
 	}
 	d.say("burst of %d streams on %d pods: admitted streams decode at a median %.1f tokens/s (SLO %d); %s refused at once with 503 + Retry-After (p99 %s); limits per pod %s",
-		burstClients, chatPods, llmsim.PercentileFloat(st.rates, 0.5), chatSLO, thousands(st.refused), ms(llmsim.Percentile(st.refusal, 0.99)), strings.Join(limits, " "))
+		burstClients, chatPods, llmsim.PercentileFloat(st.Rates, 0.5), chatSLO, thousands(st.Refused), ms(llmsim.Percentile(st.Refusal, 0.99)), strings.Join(limits, " "))
 	d.say("over the measured %s: %s streams admitted (decode p10 %.1f tokens/s); the pods decoded %s tokens/s (capacity %d × %d); limits from GET /%s/_tps_status (%s)",
-		burstMeasure, thousands(st.admitted), llmsim.PercentileFloat(st.rates, 0.1),
-		thousands(int(float64(decoded)/burstMeasure.Seconds())), chatPods, chatDecode, chatRoute, strings.Join(podNames(pods), ", "))
+		burstMeasure, thousands(st.Admitted), llmsim.PercentileFloat(st.Rates, 0.1),
+		thousands(int(float64(st.Decoded)/burstMeasure.Seconds())), chatPods, chatDecode, chatRoute, strings.Join(podNames(pods), ", "))
 	return nil
 }
 
-// burst runs the clients; a refused client asks again 100 ms later. It
-// returns the measured requests and the tokens the pods decoded within
-// the measured window.
-func (d *demo) burst(ctx context.Context, pods llmsim.Pods) (burstStats, int) {
+// burst runs the clients (llmsim.Burst); a refused client asks again
+// 100 ms later.
+func (d *demo) burst(ctx context.Context, pods llmsim.Pods) llmsim.BurstStats {
 	c := chatClient()
 	defer c.CloseIdleConnections()
-	var mu sync.Mutex
-	var st burstStats
-	decoded := 0
-	from := time.Now().Add(burstWarm)
-	until := from.Add(burstMeasure)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sleepUntil(ctx, from)
-		pods.Reset()
-		sleepUntil(ctx, until)
-		for _, s := range pods.Stats() {
-			decoded += s.DecodedTokens
-		}
-	}()
-	for cl := range burstClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; time.Now().Before(until) && ctx.Err() == nil; i++ {
-				conv := &llmsim.Conversation{System: "You are a helpful assistant.", FirstUser: fmt.Sprintf("client %d, request %d", cl, i), Model: chatModel, MaxTokens: burstTokens}
-				t0 := time.Now()
-				res := llmsim.Chat(ctx, c, d.chatURL(), conv.Next(""), nil)
-				end := time.Now()
-				counted := t0.After(from) && end.Before(until)
-				mu.Lock()
-				switch {
-				case res.Status == http.StatusServiceUnavailable:
-					if counted {
-						st.refused++
-						st.refusal = append(st.refusal, end.Sub(t0))
-					}
-				case res.Err != nil || res.Status != http.StatusOK:
-					if ctx.Err() == nil {
-						st.failed++
-						if st.firstErr == "" {
-							st.firstErr = fmt.Sprintf("%d %v", res.Status, res.Err)
-						}
-					}
-				case counted:
-					st.admitted++
-					st.rates = append(st.rates, res.DecodeRate)
-				}
-				mu.Unlock()
-				if res.Status == http.StatusServiceUnavailable {
-					sleepUntil(ctx, time.Now().Add(100*time.Millisecond))
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return st, decoded
-}
-
-func sleepUntil(ctx context.Context, t time.Time) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(time.Until(t)):
-	}
+	return llmsim.Burst(ctx, c, d.chatURL(), pods, burstClients, burstWarm, burstMeasure, func(cl, i int) llmsim.ChatRequest {
+		conv := &llmsim.Conversation{System: "You are a helpful assistant.", FirstUser: fmt.Sprintf("client %d, request %d", cl, i), Model: chatModel, MaxTokens: burstTokens}
+		return conv.Next("")
+	})
 }
 
 // deleteChatRoute deletes the route (its finalizer removes its key from
@@ -460,34 +395,10 @@ func (d *demo) deleteChatRoute(ctx context.Context) error {
 	return nil
 }
 
-// tpsStatus is the part of GET /<route>/_tps_status (in-pod callers
-// only; the demo's client is 127.0.0.1) the scene reads.
-type tpsStatus struct {
-	OptIn        bool    `json:"opt_in"`
-	AdaptiveCCOn bool    `json:"adaptive_cc_on"`
-	TPSLimit     float64 `json:"tps_limit_tps"`
-	Peers        []struct {
-		Host          string   `json:"host"`
-		Port          int      `json:"port"`
-		Limit         *float64 `json:"limit"`
-		InFlight      int      `json:"in_flight"`
-		DecodeTPSEWMA *float64 `json:"decode_tps_ewma"`
-	} `json:"peers"`
-}
-
-func (d *demo) tps(ctx context.Context) (tpsStatus, error) {
-	var st tpsStatus
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.nginx.URL(chatRoute)+"_tps_status", nil)
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("GET /%s/_tps_status: %s", chatRoute, resp.Status)
-	}
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+// tps is the chat route's decode-SLO admission state.
+func (d *demo) tps(ctx context.Context) (nginxtest.TPSStatus, error) {
+	var st nginxtest.TPSStatus
+	return st, nginxtest.GetJSON(ctx, d.nginx.URL(chatRoute)+"_tps_status", &st)
 }
 
 func podNames(pods llmsim.Pods) []string {

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/modelsphere/autoconfig/internal/nginxtest"
 )
 
 // engineStatus is the part of the reference engine's GET /<route>/_status
@@ -32,17 +32,7 @@ type engineStatus struct {
 
 func (d *demo) engineStatus(ctx context.Context) (engineStatus, error) {
 	var st engineStatus
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.nginx.URL(llmRoute)+"_status", nil)
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Do(req)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("GET /%s/_status: %s", llmRoute, resp.Status)
-	}
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+	return st, nginxtest.GetJSON(ctx, d.nginx.URL(llmRoute)+"_status", &st)
 }
 
 // failover: the llm route is switched to failureMode FailOpen (the sample

@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -66,7 +67,7 @@ const (
 
 func run(ctx context.Context, out io.Writer, o options) (err error) {
 	d := &demo{o: o, out: out, last: map[string]string{}}
-	if d.root, err = testenv.ModuleRoot(); err != nil {
+	if d.root, err = testbin.ModuleRoot(); err != nil {
 		return err
 	}
 	if d.tmp, err = os.MkdirTemp("", "autoconfig-demo-"); err != nil {
@@ -211,10 +212,10 @@ func (d *demo) startController(ctx context.Context, sockDir string) error {
 		return err
 	}
 	d.say("autoconfig %s", shellJoin(args))
-	d.say("logs: %s", p.logPath)
+	d.say("logs: %s", p.LogPath)
 	return d.waitFor(ctx, "controller /readyz", func() (bool, error) {
-		if p.exited() {
-			return false, fmt.Errorf("controller exited: %s", p.tail())
+		if p.Exited() {
+			return false, fmt.Errorf("controller exited: %s", tail(p))
 		}
 		return httpOK("http://" + d.ctrlHealth + "/readyz"), nil
 	})
@@ -261,7 +262,7 @@ func (d *demo) startNginx(ctx context.Context) error {
 		return err
 	}
 	d.say("reload %s", shellJoin(args))
-	d.say("logs: %s", p.logPath)
+	d.say("logs: %s", p.LogPath)
 	return nil
 }
 

@@ -38,6 +38,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/charttest"
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
@@ -46,20 +47,10 @@ import (
 // OutDir is the committed tree, relative to the module root.
 const OutDir = "deploy/kustomize"
 
-// moduleRoot is the module root (go test runs in hack/kustomize).
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 // TestGeneratedTreeIsCurrent fails when deploy/kustomize differs from
 // what the chart renders now, or holds a file the generator does not write.
 func TestGeneratedTreeIsCurrent(t *testing.T) {
-	root := moduleRoot(t)
+	root := testbin.Root(t)
 	want, err := Generate(root)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +150,7 @@ func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 // Namespace and the CRD, with kustomize's labels; and that an overlay can
 // move the install to another namespace and change the image.
 func TestKustomizeBuild(t *testing.T) {
-	root := moduleRoot(t)
+	root := testbin.Root(t)
 	rel, err := charttest.Render(charttest.Path(root), Release, Namespace, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -234,9 +225,9 @@ func TestKustomizeBuild(t *testing.T) {
 	// autoconfig-system (RoleBinding subjects, the Lease's namespace).
 	overlay := t.TempDir()
 	base, err := filepath.Rel(overlay, filepath.Join(root, OutDir, "default")) // kustomize refuses absolute paths
-	must(t, err)
+	testbin.Must(t, err)
 	repo, _, _ := strings.Cut(containerOf(t, dep)["image"].(string), ":")
-	must(t, os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`apiVersion: kustomize.config.k8s.io/v1beta1
+	testbin.Must(t, os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: team-autoconfig
 resources:
@@ -252,7 +243,7 @@ images:
 	}
 	for _, o := range moved {
 		b, err := yaml.Marshal(o.Object)
-		must(t, err)
+		testbin.Must(t, err)
 		if bytes.Contains(b, []byte(Namespace)) {
 			t.Errorf("overlay to namespace team-autoconfig: %s still mentions %s:\n%s", id(o), Namespace, b)
 		}
@@ -340,13 +331,6 @@ func flagsOf(t *testing.T, d *unstructured.Unstructured) controllerFlags {
 	return f
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestInstallAndReconcile applies `kustomize build deploy/kustomize/default`
 // to a real API server (the CRD included: envtest installs none here), then
 // runs the controller in this process with the Deployment's arguments,
@@ -356,9 +340,9 @@ func must(t *testing.T, err error) {
 // written. Then, as a check that this test can fail, the ClusterRole loses
 // `patch` on ConfigMaps and a new route must report OutputForbidden.
 func TestInstallAndReconcile(t *testing.T) {
-	root := moduleRoot(t)
+	root := testbin.Root(t)
 	env, err := testenv.Environment()
-	must(t, err)
+	testbin.Must(t, err)
 	env.CRDDirectoryPaths, env.ErrorIfCRDPathMissing = nil, false
 	adminCfg, err := env.Start()
 	if err != nil {
@@ -372,11 +356,11 @@ func TestInstallAndReconcile(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	sch := k8sruntime.NewScheme()
-	must(t, clientgoscheme.AddToScheme(sch))
-	must(t, apiextensionsv1.AddToScheme(sch))
-	must(t, v1alpha1.AddToScheme(sch))
+	testbin.Must(t, clientgoscheme.AddToScheme(sch))
+	testbin.Must(t, apiextensionsv1.AddToScheme(sch))
+	testbin.Must(t, v1alpha1.AddToScheme(sch))
 	admin, err := client.New(adminCfg, client.Options{Scheme: sch})
-	must(t, err)
+	testbin.Must(t, err)
 
 	// waitFor polls cond every 100 ms until it holds or the test's
 	// deadline passes, then fails with what cond last reported; cond may
@@ -409,7 +393,7 @@ func TestInstallAndReconcile(t *testing.T) {
 		if o.GetKind() == "CustomResourceDefinition" {
 			waitFor("CRD "+o.GetName()+" Established", func() (bool, string) {
 				crd := &apiextensionsv1.CustomResourceDefinition{}
-				must(t, admin.Get(ctx, client.ObjectKey{Name: o.GetName()}, crd))
+				testbin.Must(t, admin.Get(ctx, client.ObjectKey{Name: o.GetName()}, crd))
 				for _, c := range crd.Status.Conditions {
 					if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
 						return true, ""
@@ -423,7 +407,7 @@ func TestInstallAndReconcile(t *testing.T) {
 	// cluster-scoped object a namespace (nor leave a namespaced one without).
 	for _, o := range objs {
 		m, err := admin.RESTMapper().RESTMapping(o.GroupVersionKind().GroupKind(), o.GroupVersionKind().Version)
-		must(t, err)
+		testbin.Must(t, err)
 		if cluster := m.Scope.Name() == meta.RESTScopeNameRoot; cluster != (o.GetNamespace() == "") {
 			t.Errorf("%s: namespace %q for a %s-scoped kind", id(o), o.GetNamespace(), m.Scope.Name())
 		}
@@ -450,7 +434,7 @@ func TestInstallAndReconcile(t *testing.T) {
 		vidBackend = "10.1.1.7"
 	)
 	for _, n := range []string{routeNS, "llm", "video", "monitoring"} {
-		must(t, admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}))
+		testbin.Must(t, admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}))
 	}
 	service := func(ns, name, port string, num int32, grants bool, ips ...string) {
 		t.Helper()
@@ -461,7 +445,7 @@ func TestInstallAndReconcile(t *testing.T) {
 		if grants {
 			svc.Annotations = map[string]string{grant: routeNS}
 		}
-		must(t, admin.Create(ctx, svc))
+		testbin.Must(t, admin.Create(ctx, svc))
 		ready := true
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name + "-1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
@@ -471,16 +455,16 @@ func TestInstallAndReconcile(t *testing.T) {
 		for _, ip := range ips {
 			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
 		}
-		must(t, admin.Create(ctx, slice))
+		testbin.Must(t, admin.Create(ctx, slice))
 	}
 	service("llm", "qwen", "http", 8000, true, llmBackend, "10.1.0.8")
 	service("video", "wan", "http", 8000, true, vidBackend)
 	service(routeNS, "qwen-cart", "http", 9000, false, "10.1.2.1", "10.1.2.2")
 	service(routeNS, "openresty", "dispatch", 8080, false, "10.1.3.1")
-	must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routeNS, Name: nginxCM}}))
-	must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routeNS, Name: "qwen-cart-config"},
+	testbin.Must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routeNS, Name: nginxCM}}))
+	testbin.Must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: routeNS, Name: "qwen-cart-config"},
 		Data: map[string]string{compiler.CartKey: "server:\n  port: 9000\nworkers: []\n"}}))
-	must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "monitoring", Name: "monitor-conf",
+	testbin.Must(t, admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "monitoring", Name: "monitor-conf",
 		Annotations: map[string]string{grant: routeNS}}}))
 
 	// The controller, as runManager builds it, as the ServiceAccount.
@@ -492,7 +476,7 @@ func TestInstallAndReconcile(t *testing.T) {
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + flags.ns, "system:authenticated"},
 	}
 	validator, err := schema.Default()
-	must(t, err)
+	testbin.Must(t, err)
 	startController := func() (stop func()) {
 		t.Helper()
 		skip := true // a second manager in this process reuses the controller's name
@@ -507,7 +491,7 @@ func TestInstallAndReconcile(t *testing.T) {
 			Cache:                         controller.CacheOptions(flags.namespaces),
 			Controller:                    config.Controller{SkipNameValidation: &skip},
 		})
-		must(t, err)
+		testbin.Must(t, err)
 		r := &controller.Reconciler{
 			Validator:         validator,
 			Recorder:          mgr.GetEventRecorder(controller.Name),
@@ -516,7 +500,7 @@ func TestInstallAndReconcile(t *testing.T) {
 			TrustedNamespaces: flags.trusted,
 		}
 		mctx, cancel := context.WithCancel(ctx)
-		must(t, r.SetupWithManager(mctx, mgr, 4))
+		testbin.Must(t, r.SetupWithManager(mctx, mgr, 4))
 		done := make(chan error, 1)
 		go func() { done <- mgr.Start(mctx) }()
 		stopped := false
@@ -547,11 +531,11 @@ func TestInstallAndReconcile(t *testing.T) {
 	waitFor("the sample routes Ready with their nginx files written as "+user, func() (bool, string) {
 		last := map[string]string{}
 		cm := &corev1.ConfigMap{}
-		must(t, admin.Get(ctx, client.ObjectKey{Namespace: routeNS, Name: nginxCM}, cm))
+		testbin.Must(t, admin.Get(ctx, client.ObjectKey{Namespace: routeNS, Name: nginxCM}, cm))
 		ok := true
 		for _, s := range samples {
 			route := &v1alpha1.ModelRoute{}
-			must(t, admin.Get(ctx, client.ObjectKey{Namespace: s.GetNamespace(), Name: s.GetName()}, route))
+			testbin.Must(t, admin.Get(ctx, client.ObjectKey{Namespace: s.GetNamespace(), Name: s.GetName()}, route))
 			for _, c := range route.Status.Conditions {
 				if strings.Contains(c.Message, "forbidden") {
 					t.Fatalf("the kustomize RBAC is too narrow for the controller: route %s: %s %s: %s", s.GetName(), c.Type, c.Reason, c.Message)
@@ -578,13 +562,13 @@ func TestInstallAndReconcile(t *testing.T) {
 		}
 	}
 	role := &rbacv1.ClusterRole{}
-	must(t, admin.Get(ctx, client.ObjectKey{Name: roleName}, role))
+	testbin.Must(t, admin.Get(ctx, client.ObjectKey{Name: roleName}, role))
 	for i, r := range role.Rules {
 		if slices.Contains(r.Resources, "configmaps") {
 			role.Rules[i].Verbs = slices.DeleteFunc(slices.Clone(r.Verbs), func(v string) bool { return v == "patch" })
 		}
 	}
-	must(t, admin.Update(ctx, role))
+	testbin.Must(t, admin.Update(ctx, role))
 	// The API server's authorizer sees RBAC changes through a watch: wait
 	// until it denies the patch, so the probe's write cannot race it.
 	waitFor("the API server to deny "+user+" configmaps patch", func() (bool, string) {
@@ -593,12 +577,12 @@ func TestInstallAndReconcile(t *testing.T) {
 			Groups:             cfg.Impersonate.Groups,
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: routeNS, Resource: "configmaps", Verb: "patch"},
 		}}
-		must(t, admin.Create(ctx, sar))
+		testbin.Must(t, admin.Create(ctx, sar))
 		return !sar.Status.Allowed, fmt.Sprintf("allowed: %s", sar.Status.Reason)
 	})
 	startController()
 	probe := &v1alpha1.ModelRoute{}
-	must(t, yaml.Unmarshal([]byte(`
+	testbin.Must(t, yaml.Unmarshal([]byte(`
 apiVersion: routing.modelsphere.dev/v1alpha1
 kind: ModelRoute
 metadata: {name: probe, namespace: `+routeNS+`}
@@ -611,10 +595,10 @@ spec:
     - {use: backend, priority: 2}
     - {use: backend-svc, priority: 1}
 `), probe))
-	must(t, admin.Create(ctx, probe))
+	testbin.Must(t, admin.Create(ctx, probe))
 	waitFor("route probe to report "+controller.ReasonOutputForbidden+" without configmaps patch", func() (bool, string) {
 		got := &v1alpha1.ModelRoute{}
-		must(t, admin.Get(ctx, client.ObjectKeyFromObject(probe), got))
+		testbin.Must(t, admin.Get(ctx, client.ObjectKeyFromObject(probe), got))
 		c := meta.FindStatusCondition(got.Status.Conditions, controller.TypeReady)
 		if c != nil && c.Status == metav1.ConditionTrue {
 			t.Fatalf("route probe Ready although ClusterRole %s lacks configmaps patch: the test cannot see missing RBAC", roleName)

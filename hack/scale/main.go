@@ -49,6 +49,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -276,7 +277,7 @@ type buildInfo struct {
 func newBench(o options, log io.Writer) (*bench, error) {
 	b := &bench{o: o, log: log}
 	var err error
-	if b.root, err = testenv.ModuleRoot(); err != nil {
+	if b.root, err = testbin.ModuleRoot(); err != nil {
 		return nil, err
 	}
 	if b.assets, err = testenv.AssetsDir(); err != nil {

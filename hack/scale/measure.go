@@ -9,13 +9,11 @@ import (
 	"io"
 	"maps"
 	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -30,6 +28,7 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 
 	"github.com/modelsphere/autoconfig/hack/scale/procmem"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // clkTck is the kernel's clock tick (USER_HZ) of /proc/<pid>/stat times.
@@ -71,78 +70,27 @@ func (p *phaseVar) get() string {
 }
 
 // proc is a subprocess with its output in a log file.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
-}
+type proc struct{ *testbin.Proc }
 
 func startProc(name, logPath, bin string, args ...string) (*proc, error) {
-	f, err := os.Create(logPath)
+	p, err := testbin.StartProc(name, logPath, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	return &proc{p}, nil
 }
 
 // stop sends SIGTERM and kills the process if it has not exited after
 // 15 s.
-func (p *proc) stop() error {
-	if p.exited() {
-		return nil
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("%s did not stop on SIGTERM within 15s; killed", p.name)
-	}
-}
+func (p *proc) stop() error { return p.Terminate(15 * time.Second) }
 
 // tail is the end of the process's log, for error messages.
 func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.logPath)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 20 {
-		lines = lines[len(lines)-20:]
-	}
-	for i, l := range lines {
-		if len(l) > 400 {
-			lines[i] = l[:400] + "…"
-		}
-	}
 	state := "running"
-	if p.exited() {
-		state = "exited: " + p.cmd.ProcessState.String()
+	if p.Exited() {
+		state = "exited: " + p.Cmd.ProcessState.String()
 	}
-	return fmt.Sprintf("\n  %s (%s) log %s:\n    %s", p.name, state, p.logPath, strings.Join(lines, "\n    "))
+	return fmt.Sprintf("\n  %s (%s) log %s:\n    %s", p.Name, state, p.LogPath, strings.Join(p.LogTail(20, 400), "\n    "))
 }
 
 // sampler records the maximum VmRSS of a process per phase.
@@ -577,7 +525,7 @@ func (b *bench) waitConverged(ctx context.Context, cl *cluster, l layout, exps [
 		if len(pending) == 0 {
 			break
 		}
-		if ctrl.exited() {
+		if ctrl.Exited() {
 			return time.Time{}, fmt.Errorf("%s: the controller exited%s", what, ctrl.tail())
 		}
 		if time.Now().After(deadline) {
@@ -720,16 +668,6 @@ func deltaAPI(a, b apiMark) *apiDelta {
 	return d
 }
 
-// kill sends SIGKILL (a node lost, an OOM kill: no Lease release) and
-// waits for the process to end.
-func (p *proc) kill() {
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
 // routesReady lists every ModelRoute from the API server's watch cache
 // and says how many are Ready (condition Ready True for the current
 // generation); problem names one that is not.
@@ -793,7 +731,7 @@ func (b *bench) waitRoutesReady(ctx context.Context, cl *cluster, n int, ctrl *p
 		if ready == n && total == n {
 			return at, nil
 		}
-		if ctrl.exited() {
+		if ctrl.Exited() {
 			return time.Time{}, fmt.Errorf("%s: the controller exited%s", what, ctrl.tail())
 		}
 		if time.Now().After(deadline) {

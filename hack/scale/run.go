@@ -246,10 +246,10 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 			b.logf("%v", err)
 		}
 	}()
-	b.logf("started %s %s (pid %d)", b.ctrl, strings.Join(withPprof, " "), ctrl.pid())
+	b.logf("started %s %s (pid %d)", b.ctrl, strings.Join(withPprof, " "), ctrl.PID())
 	sctx, scancel := context.WithCancel(ctx)
 	defer scancel()
-	smp := &sampler{cancel: scancel, pid: ctrl.pid(), phase: phase, max: map[string]int64{}}
+	smp := &sampler{cancel: scancel, pid: ctrl.PID(), phase: phase, max: map[string]int64{}}
 	go smp.run(sctx, o.Sample)
 
 	// -takeover: the second replica starts once the first holds the
@@ -272,7 +272,7 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 				b.logf("%v", err)
 			}
 		}()
-		b.logf("started the standby replica (pid %d)", standby.pid())
+		b.logf("started the standby replica (pid %d)", standby.PID())
 	}
 
 	// Initial sync: every ConfigMap current, then every route Ready.
@@ -281,10 +281,10 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 		return fail(err)
 	}
 	res.Sync.Seconds = syncAt.Sub(t0).Seconds()
-	if res.Sync.CPUSeconds, err = procCPU(ctrl.pid()); err != nil {
+	if res.Sync.CPUSeconds, err = procCPU(ctrl.PID()); err != nil {
 		return fail(err)
 	}
-	if res.Memory.RSSAtSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
+	if res.Memory.RSSAtSyncKiB, _, err = procmem.Read(ctrl.PID()); err != nil {
 		return fail(err)
 	}
 	b.logf("initial sync: every ConfigMap current after %.2fs (controller CPU %.1fs)", res.Sync.Seconds, res.Sync.CPUSeconds)
@@ -296,13 +296,13 @@ func (b *bench) runOne(ctx context.Context, s shape, dir string) (res *result) {
 	res.Cold.Seconds = max(res.Cold.ConfigMapsSeconds, res.Cold.RoutesReadySeconds)
 	b.logf("cold start: every route Ready after %.2fs", res.Cold.RoutesReadySeconds)
 	sleep(ctx, o.Settle)
-	if res.Sync.CPUSecondsSettled, err = procCPU(ctrl.pid()); err != nil {
+	if res.Sync.CPUSecondsSettled, err = procCPU(ctrl.PID()); err != nil {
 		return fail(err)
 	}
-	if res.Memory.RSSAfterSyncKiB, _, err = procmem.Read(ctrl.pid()); err != nil {
+	if res.Memory.RSSAfterSyncKiB, _, err = procmem.Read(ctrl.PID()); err != nil {
 		return fail(err)
 	}
-	if res.Memory.AnonAfterSyncKiB, res.Memory.FileAfterSyncKiB, err = procmem.Split(ctrl.pid()); err != nil {
+	if res.Memory.AnonAfterSyncKiB, res.Memory.FileAfterSyncKiB, err = procmem.Split(ctrl.PID()); err != nil {
 		return fail(err)
 	}
 	if pprofAddr != "" {
@@ -384,8 +384,8 @@ func listRV(ctx context.Context, cl *cluster, path string) (string, error) {
 }
 
 func exitErr(p *proc) error {
-	if p.exited() {
-		return fmt.Errorf("%s exited%s", p.name, p.tail())
+	if p.Exited() {
+		return fmt.Errorf("%s exited%s", p.Name, p.tail())
 	}
 	return nil
 }
@@ -395,7 +395,7 @@ func exitErr(p *proc) error {
 func (b *bench) rolloutPhase(ctx context.Context, cl *cluster, w *world, ctrl *proc, smp *sampler, phase *phaseVar,
 	watcher, routeWatcher *objWatcher, cmNames []string, pprofAddr, dir string, res *result) error {
 	o, l := b.o, w.l
-	cpu0, err := procCPU(ctrl.pid())
+	cpu0, err := procCPU(ctrl.PID())
 	if err != nil {
 		return err
 	}
@@ -414,14 +414,14 @@ func (b *bench) rolloutPhase(ctx context.Context, cl *cluster, w *world, ctrl *p
 	}
 	res.Rollout.Seconds = max(0, convAt.Sub(last).Seconds())
 	res.Rollout.TotalSeconds = convAt.Sub(first).Seconds()
-	cpu1, err := procCPU(ctrl.pid())
+	cpu1, err := procCPU(ctrl.PID())
 	if err != nil {
 		return err
 	}
 	res.Rollout.CPUSeconds = cpu1 - cpu0
 	b.logf("rollout converged %.2fs after the last write (controller CPU %.1fs)", res.Rollout.Seconds, res.Rollout.CPUSeconds)
 	sleep(ctx, o.Settle)
-	cpu2, err := procCPU(ctrl.pid())
+	cpu2, err := procCPU(ctrl.PID())
 	if err != nil {
 		return err
 	}
@@ -434,7 +434,7 @@ func (b *bench) rolloutPhase(ctx context.Context, cl *cluster, w *world, ctrl *p
 	res.Rollout.WritesPerCM = spreadOf(res.Rollout.Watch.Modified, cmNames)
 	res.Rollout.Routes = routeWritesOf(routeWatcher.get("rollout"), nil)
 
-	rss, hwm, err := procmem.Read(ctrl.pid())
+	rss, hwm, err := procmem.Read(ctrl.PID())
 	if err != nil {
 		return err
 	}

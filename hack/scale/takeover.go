@@ -78,7 +78,7 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 		tr.LeaseDurationSeconds = *lease.Spec.LeaseDurationSeconds
 	}
 	// The old leader's memory, at the end of its tenure.
-	rss, hwm, err := procmem.Read(leader.pid())
+	rss, hwm, err := procmem.Read(leader.PID())
 	if err != nil {
 		return err
 	}
@@ -87,10 +87,10 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 	res.Memory.RSSEndKiB, res.Memory.HWMKiB = rss, hwm
 	res.Memory.MaxSampledKiB, res.Memory.Samples = max(smp.all, rss), smp.n
 	smp.mu.Unlock()
-	if tr.StandbyRSSKiB, _, err = procmem.Read(standby.pid()); err != nil {
+	if tr.StandbyRSSKiB, _, err = procmem.Read(standby.PID()); err != nil {
 		return err
 	}
-	cpu0, err := procCPU(standby.pid())
+	cpu0, err := procCPU(standby.PID())
 	if err != nil {
 		return err
 	}
@@ -110,8 +110,8 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 	api0 := markAPI(ctx, cl)
 	phase.set("takeover")
 	killAt := time.Now()
-	leader.kill()
-	b.logf("takeover: SIGKILL to the leader (pid %d); moving one pod of %d routes", leader.pid(), k)
+	leader.Kill()
+	b.logf("takeover: SIGKILL to the leader (pid %d); moving one pod of %d routes", leader.PID(), k)
 	last, podW, sliceW, err := b.move(ctx, cl, w, pods)
 	if err != nil {
 		return fmt.Errorf("takeover change: %w", err)
@@ -129,7 +129,7 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 	}
 	tr.ConvergeSeconds = convAt.Sub(acqAt).Seconds()
 	tr.TotalSeconds = convAt.Sub(killAt).Seconds()
-	cpu1, err := procCPU(standby.pid())
+	cpu1, err := procCPU(standby.PID())
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 	}
 	b.logf("takeover: every key current %.2fs after the acquisition, %.2fs after the kill (new leader CPU %.1fs)", tr.ConvergeSeconds, tr.TotalSeconds, tr.CPUSeconds)
 	sleep(ctx, o.Settle)
-	cpu2, err := procCPU(standby.pid())
+	cpu2, err := procCPU(standby.PID())
 	if err != nil {
 		return err
 	}
@@ -156,7 +156,7 @@ func (b *bench) takeover(ctx context.Context, cl *cluster, w *world, leader, sta
 		}
 	}
 	tr.Routes = routeWritesOf(routeWatcher.get("takeover"), changedRoute)
-	if tr.NewLeaderRSSKiB, tr.NewLeaderHWMKiB, err = procmem.Read(standby.pid()); err != nil {
+	if tr.NewLeaderRSSKiB, tr.NewLeaderHWMKiB, err = procmem.Read(standby.PID()); err != nil {
 		return err
 	}
 	b.logf("takeover writes: ConfigMaps %d (%d into the %d ConfigMaps of changed routes, %d into others), ModelRoutes %d (status %d; routes not changed: %d writes, %d status)",

@@ -10,17 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-)
 
-// repoRoot is the module root (two levels above this package).
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
+	"github.com/modelsphere/autoconfig/internal/testbin"
+)
 
 // racePkgs reads the package patterns of make test's race run
 // (RACE_PKGS in the Makefile).
@@ -59,7 +51,7 @@ func covered(dir string, patterns []string) bool {
 // workers (the sink), is in make test's race run, so a data race in it can
 // fail CI.
 func TestRaceRunCoversGoroutines(t *testing.T) {
-	root := repoRoot(t)
+	root := testbin.Root(t)
 	patterns := racePkgs(t, root)
 	concurrent := map[string]bool{"internal/sink": true} // called by concurrent reconcile workers
 	fset := token.NewFileSet()

@@ -11,7 +11,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/buildinfo"
 	"github.com/modelsphere/autoconfig/internal/cli"
-	"github.com/modelsphere/autoconfig/internal/testenv"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 var binaries = []string{"autoconfig", "reload", "hagate", "readyz"}
@@ -20,7 +20,7 @@ var binaries = []string{"autoconfig", "reload", "hagate", "readyz"}
 // with the version, the commit and its date, and --version prints them; a
 // plain go build says it is unstamped.
 func TestMakeBuildStampsEveryBinary(t *testing.T) {
-	root, err := testenv.ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -32,12 +33,15 @@ var (
 	k8s     client.Client
 )
 
+// must is testbin.Must under the short name the chart tests use throughout.
+var must = testbin.Must
+
 // TestMain starts one control plane for the package (CRDs installed once).
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
 	var err error
-	if root, err = testenv.ModuleRoot(); err != nil {
+	if root, err = testbin.ModuleRoot(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/modelsphere/autoconfig/internal/controller"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -114,7 +115,7 @@ func TestHelmUninstallDeletesRoutesFirst(t *testing.T) {
 	go func() { done <- mgr.Start(mctx) }()
 
 	key := client.ObjectKey{Namespace: routes, Name: "openresty-conf"}
-	waitFor(t, ctx, "the route's key written", func() bool {
+	testbin.WaitCtx(t, ctx, 100*time.Millisecond, "the route's key written", func() bool {
 		var cm corev1.ConfigMap
 		return admin.Get(ctx, key, &cm) == nil && strings.Contains(cm.Data["session_route_wan.conf"], "10.1.0.9:8000")
 	})
@@ -236,15 +237,4 @@ func userKubeconfig(t *testing.T, name string, groups []string, as string) strin
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	must(t, clientcmd.WriteToFile(*kc, path))
 	return path
-}
-
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

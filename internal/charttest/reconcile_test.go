@@ -342,13 +342,6 @@ spec:
 	}
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // readySelPod creates pod sel-0 (app=sel, port 8000) in ns and sets its
 // status as a kubelet would: running, Ready, IP 10.1.0.9.
 func readySelPod(ctx context.Context, t *testing.T, ns string) {

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -43,7 +44,7 @@ func TestCRDUpgradeFrom010(t *testing.T) {
 		if err := k8s.Patch(ctx, &u, client.Apply, append([]client.PatchOption{client.FieldOwner("kubectl")}, opts...)...); err != nil {
 			t.Fatalf("server-side apply %s: %v", file, err)
 		}
-		waitFor(t, ctx, "the CRD established", func() bool {
+		testbin.WaitCtx(t, ctx, 100*time.Millisecond, "the CRD established", func() bool {
 			var crd apiextv1.CustomResourceDefinition
 			if err := admin(t).Get(ctx, client.ObjectKey{Name: u.GetName()}, &crd); err != nil {
 				return false

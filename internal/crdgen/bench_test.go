@@ -8,12 +8,13 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/celcheck"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
 func sample(b *testing.B) ([]byte, map[string]any) {
 	b.Helper()
-	src, err := os.ReadFile(filepath.Join(moduleRoot(b), "deploy", "samples", "modelroute-llm.yaml"))
+	src, err := os.ReadFile(filepath.Join(testbin.Root(b), "deploy", "samples", "modelroute-llm.yaml"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/celcheck"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // TestCRDIsValid runs the API server's own CRD validation: structural
@@ -30,7 +31,7 @@ func TestCommittedCRDIsFresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(moduleRoot(t), "deploy", "crds", crdgen.FileName)
+	path := filepath.Join(testbin.Root(t), "deploy", "crds", crdgen.FileName)
 	got, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("%v; generate it: go run ./cmd/autoconfig crd > deploy/crds/%s", err, crdgen.FileName)

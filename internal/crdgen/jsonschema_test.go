@@ -12,6 +12,7 @@ import (
 	"k8s.io/kube-openapi/pkg/spec3"
 
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 func compileJSONSchema(t *testing.T) *jsonschema.Schema {
@@ -21,7 +22,7 @@ func compileJSONSchema(t *testing.T) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	// The committed export is this one (make generate; make verify checks).
-	committed, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "schemas", crdgen.JSONSchemaFile))
+	committed, err := os.ReadFile(filepath.Join(testbin.Root(t), "deploy", "schemas", crdgen.JSONSchemaFile))
 	if err != nil || !bytes.Equal(committed, b) {
 		t.Fatalf("deploy/schemas/%s is not the generated schema (run make generate): %v", crdgen.JSONSchemaFile, err)
 	}
@@ -120,7 +121,7 @@ func TestOpenAPIExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := os.ReadFile(filepath.Join(moduleRoot(t), "deploy", "schemas", crdgen.OpenAPIFile))
+	committed, err := os.ReadFile(filepath.Join(testbin.Root(t), "deploy", "schemas", crdgen.OpenAPIFile))
 	if err != nil || !bytes.Equal(committed, b) {
 		t.Fatalf("deploy/schemas/%s is not the generated document (run make generate): %v", crdgen.OpenAPIFile, err)
 	}

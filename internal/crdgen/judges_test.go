@@ -26,6 +26,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/celcheck"
 	"github.com/modelsphere/autoconfig/internal/crdgen"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 )
@@ -65,21 +66,12 @@ type doc struct {
 	wants    []string // "# want: <path>: <message>" lines of the file
 }
 
-func moduleRoot(t testing.TB) string {
-	t.Helper()
-	root, err := testenv.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 // loadCorpus reads every document, judged by CUE, and decoded for the
 // Kubernetes judges the way kubectl does (sigs.k8s.io/yaml, integers kept
 // as int64 so CEL sees ints).
 func loadCorpus(t *testing.T) []doc {
 	t.Helper()
-	root := moduleRoot(t)
+	root := testbin.Root(t)
 	v, err := schema.Default()
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 func startPods(t *testing.T, n int, cfg Config) Pods {
@@ -451,16 +453,6 @@ func TestEndpoints(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 5s: %s", what)
-		}
-	}
-}
-
 func TestClientDisconnectEndsTheStream(t *testing.T) {
 	ps := startPods(t, 1, Config{DecodeTokensPerSecond: 200})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -468,12 +460,12 @@ func TestClientDisconnectEndsTheStream(t *testing.T) {
 	go func() {
 		done <- Chat(ctx, nil, ps[0].URL(), ChatRequest{Messages: []Message{{Role: "user", Content: "x"}}, MaxTokens: 1000, Stream: true}, nil)
 	}()
-	waitFor(t, "the stream never started decoding", func() bool { return ps[0].Stats().Active == 1 })
+	testbin.WaitFor(t, 5*time.Second, "the stream to start decoding", func() bool { return ps[0].Stats().Active == 1 })
 	cancel()
 	if res := <-done; !errors.Is(res.Err, context.Canceled) {
 		t.Errorf("cancelled stream: %d tokens, error %v; want context.Canceled", res.Tokens, res.Err)
 	}
-	waitFor(t, "the pod still serves the cancelled stream", func() bool {
+	testbin.WaitFor(t, 5*time.Second, "the pod to end the cancelled stream", func() bool {
 		s := ps[0].Stats()
 		return s.InFlight == 0 && s.Active == 0
 	})
@@ -493,7 +485,7 @@ func TestCloseFinishesAcceptedRequests(t *testing.T) {
 	go func() {
 		done <- Chat(context.Background(), nil, p.URL(), ChatRequest{Messages: []Message{{Role: "user", Content: "x"}}, MaxTokens: 30, Stream: true}, nil)
 	}()
-	waitFor(t, "the stream never started decoding", func() bool { return p.Stats().Active == 1 })
+	testbin.WaitFor(t, 5*time.Second, "the stream to start decoding", func() bool { return p.Stats().Active == 1 })
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}

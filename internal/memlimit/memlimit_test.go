@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 func TestLimit(t *testing.T) {
@@ -109,7 +111,7 @@ func TestFollow(t *testing.T) {
 		keep[i][0] = 1
 	}
 	runtime.GC()
-	waitFor(t, func() bool { return limit() >= int64(1.5*float64(64<<20)) }, "the limit to follow 64 MiB of live data up")
+	testbin.WaitEvery(t, 10*time.Second, 20*time.Millisecond, "the limit to follow 64 MiB of live data up", func() bool { return limit() >= int64(1.5*float64(64<<20)) })
 	high := limit()
 	runtime.KeepAlive(keep)
 	keep = nil
@@ -120,7 +122,7 @@ func TestFollow(t *testing.T) {
 		t.Fatalf("the limit fell with the live data: %d MiB after %d MiB", l>>20, high>>20)
 	}
 	cancel()
-	waitFor(t, func() bool { return limit() == math.MaxInt64 }, "the limit to be lifted when the context ends")
+	testbin.WaitEvery(t, 10*time.Second, 20*time.Millisecond, "the limit to be lifted when the context ends", func() bool { return limit() == math.MaxInt64 })
 
 	t.Setenv("GOMEMLIMIT", "300MiB")
 	if f.Follow(context.Background()) {
@@ -128,16 +130,5 @@ func TestFollow(t *testing.T) {
 	}
 	if (Follower{}).Follow(context.Background()) {
 		t.Fatal("Follow started with ratio 0")
-	}
-}
-
-func waitFor(t *testing.T, ok func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 10 s for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // countScans wraps the detector's real scan with a counter and an optional
@@ -22,18 +24,6 @@ func countScans(d *Detector, before func(n int64)) *atomic.Int64 {
 		return real()
 	}
 	return &n
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func TestCacheWithinTTLScansOnce(t *testing.T) {
@@ -106,7 +96,7 @@ func TestConcurrentCallersShareOneScan(t *testing.T) {
 	}
 	// Hold the scan until every other caller is waiting on it, so none of
 	// them can be answered from the cache instead.
-	waitFor(t, "31 callers waiting on the scan", func() bool { return d.waiting.Load() == callers-1 })
+	testbin.WaitFor(t, 10*time.Second, "31 callers waiting on the scan", func() bool { return d.waiting.Load() == callers-1 })
 	close(gate)
 	wg.Wait()
 
@@ -139,12 +129,12 @@ func TestPanickingScanDoesNotWedge(t *testing.T) {
 		defer func() { leaderDone <- recover() }()
 		d.Check(context.Background())
 	}()
-	waitFor(t, "the first scan to start", func() bool { return scans.Load() == 1 })
+	testbin.WaitFor(t, 10*time.Second, "the first scan to start", func() bool { return scans.Load() == 1 })
 
 	// A caller that joined the panicking scan starts a new one.
 	joined := make(chan Result)
 	go func() { joined <- d.Check(context.Background()) }()
-	waitFor(t, "a caller waiting on the first scan", func() bool { return d.waiting.Load() == 1 })
+	testbin.WaitFor(t, 10*time.Second, "a caller waiting on the first scan", func() bool { return d.waiting.Load() == 1 })
 	close(gate)
 
 	if p := <-leaderDone; p != "scan exploded" {
@@ -183,12 +173,12 @@ func TestWaiterHonoursContext(t *testing.T) {
 	scans := countScans(d, func(int64) { <-gate })
 	leader := make(chan Result)
 	go func() { leader <- d.Check(context.Background()) }()
-	waitFor(t, "the scan to start", func() bool { return scans.Load() == 1 })
+	testbin.WaitFor(t, 10*time.Second, "the scan to start", func() bool { return scans.Load() == 1 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	waiter := make(chan Result)
 	go func() { waiter <- d.Check(ctx) }()
-	waitFor(t, "the caller to wait", func() bool { return d.waiting.Load() == 1 })
+	testbin.WaitFor(t, 10*time.Second, "the caller to wait", func() bool { return d.waiting.Load() == 1 })
 	cancel()
 	if r := <-waiter; !errors.Is(r.Err, context.Canceled) || r.Ready {
 		t.Errorf("cancelled waiter got %+v, want Err context.Canceled", r)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // staticSource is a Source whose content the test sets.
@@ -58,11 +59,11 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, CheckCmd: check}, apiMode(src, dir))
 
 	src.set(map[string]string{"a.conf": "a1", "b.conf": "b1", "c.conf": "c1"})
-	reloadtest.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
 	os.Remove(calls)
 
 	src.set(map[string]string{"a.conf": "a2", "b.conf": "broken", "c.conf": "c2", "d.conf": "d1", "e.conf": "broken too"})
-	reloadtest.WaitFor(t, wait, "the second reload", func() bool { return cart.Count() == 2 })
+	testbin.WaitFor(t, wait, "the second reload", func() bool { return cart.Count() == 2 })
 	got, err := readFiles(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +79,7 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 	}
 	// The HUP can arrive before the attempt's outcome is recorded.
 	var last Outcome
-	reloadtest.WaitFor(t, wait, "the second reload's outcome", func() bool {
+	testbin.WaitFor(t, wait, "the second reload's outcome", func() bool {
 		n := 0
 		for _, o := range h.Outcomes() {
 			if o.Result == ResultSignalled {
@@ -103,7 +104,7 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 	// then the suspect alone; the quarantine holds.
 	os.Remove(calls)
 	src.set(map[string]string{"a.conf": "a3", "b.conf": "broken", "c.conf": "c2", "d.conf": "d1", "e.conf": "broken too"})
-	reloadtest.WaitFor(t, wait, "the third reload", func() bool { return cart.Count() == 3 })
+	testbin.WaitFor(t, wait, "the third reload", func() bool { return cart.Count() == 3 })
 	if b, _ := os.ReadFile(calls); strings.Count(string(b), "\n") != 3 {
 		t.Fatalf("%d checks with two suspects and one changed key, want 3", strings.Count(string(b), "\n"))
 	}
@@ -113,7 +114,7 @@ func TestQuarantineSearchIsBounded(t *testing.T) {
 
 	// Both fixed: released.
 	src.set(map[string]string{"a.conf": "a3", "b.conf": "b2", "c.conf": "c2", "d.conf": "d1", "e.conf": "e1"})
-	reloadtest.WaitFor(t, wait, "the fourth reload", func() bool { return cart.Count() == 4 })
+	testbin.WaitFor(t, wait, "the fourth reload", func() bool { return cart.Count() == 4 })
 	if v := gaugeValue(t, h.r.metrics.QuarantinedKeys); v != 0 {
 		t.Fatalf("quarantined_keys %v after the fix, want 0", v)
 	}
@@ -131,12 +132,12 @@ func TestCheckFailingWithoutTheChangeBlamesNoKey(t *testing.T) {
 	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name,
 		CheckCmd: reloadtest.CommandLine("bash", "-c", `[ ! -e "$0" ]`, flag)}, apiMode(src, dir))
 	src.set(map[string]string{"a.conf": "a1"})
-	reloadtest.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the first content", func() bool { return cart.Count() == 1 })
 	if err := os.WriteFile(flag, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	src.set(map[string]string{"a.conf": "a2"})
-	reloadtest.WaitFor(t, wait, "the refused check", func() bool { return counterValue(t, h.r.metrics, ResultCheckFailed) >= 1 })
+	testbin.WaitFor(t, wait, "the refused check", func() bool { return counterValue(t, h.r.metrics, ResultCheckFailed) >= 1 })
 	time.Sleep(300 * time.Millisecond) // would a signal follow? (none may)
 	if cart.Count() != 1 || gaugeValue(t, h.r.metrics.QuarantinedKeys) != 0 {
 		t.Fatalf("HUPs %d (want 1), quarantined %v (want 0)", cart.Count(), gaugeValue(t, h.r.metrics.QuarantinedKeys))

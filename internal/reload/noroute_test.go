@@ -2,16 +2,13 @@ package reload_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,34 +19,17 @@ import (
 	"github.com/modelsphere/autoconfig/internal/reload"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // nginxWait bounds every wait of these tests; nothing is a timing
 // assertion.
 const nginxWait = 60 * time.Second
 
-// logBuffer keeps a Reloader's log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// count is how many lines contain every one of subs.
-func (b *logBuffer) count(subs ...string) int {
+// countLines is how many lines of log contain every one of subs.
+func countLines(log *testbin.SyncBuffer, subs ...string) int {
 	n := 0
-	sc := bufio.NewScanner(strings.NewReader(b.String()))
+	sc := bufio.NewScanner(strings.NewReader(log.String()))
 	sc.Buffer(nil, 1<<20)
 lines:
 	for sc.Scan() {
@@ -89,60 +69,11 @@ func metric(t *testing.T, reg *prometheus.Registry, name, label, value string) f
 	return 0
 }
 
-// reports keeps the served reports.
-type reports struct {
-	mu   sync.Mutex
-	list []served.Report
-}
-
-func (r *reports) add(rep served.Report) { r.mu.Lock(); r.list = append(r.list, rep); r.mu.Unlock() }
-
-func (r *reports) get() []served.Report {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]served.Report(nil), r.list...)
-}
-
 // routeFile is a route file as far as the engine's control endpoint is
 // concerned: the route's shared dict, which holds its table, named as the
 // route.
 func routeFile(route string) string {
 	return "# route " + route + ": its peers table lives in its dict\nlua_shared_dict " + route + " 1m;\n"
-}
-
-// peersTable is the file content of a table of route and its version.
-func peersTable(t *testing.T, route string, ips ...string) (string, string) {
-	t.Helper()
-	tab := peers.Table{Route: route, Tiers: []peers.Tier{{Use: "backend", Priority: 1}}}
-	for _, ip := range ips {
-		tab.Tiers[0].Peers = append(tab.Tiers[0].Peers, peers.Peer{Host: ip, Port: 8000})
-	}
-	b, err := tab.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := peers.Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b), p.Version
-}
-
-// engineVersion is the version of the table the engine holds for route
-// ("" = none, or no such route).
-func engineVersion(c *http.Client, route string) string {
-	resp, err := c.Get("http://engine/peers/" + route)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var a struct {
-		Version string `json:"version"`
-	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&a) != nil {
-		return ""
-	}
-	return a.Version
 }
 
 // startEngine runs a real nginx (2 workers) including the route files of
@@ -185,7 +116,7 @@ func startEngine(t *testing.T, dir string) (n *nginxtest.Nginx, sock string) {
 // route file arriving later makes its push succeed.
 func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	dir := t.TempDir()
-	tabR, vR := peersTable(t, "r", "10.0.0.1")
+	tabR, vR := reloadtest.PeersTable(t, "r", "10.0.0.1")
 	files := map[string]string{"session_route_r.conf": routeFile("r"), peers.Key("r"): tabR}
 	reloadtest.KubeletSwap(t, dir, files)
 	n, sock := startEngine(t, dir)
@@ -195,7 +126,7 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 		return d.DialContext(ctx, "unix", filepath.Join(sock, peers.ControlSocket))
 	}}}
 
-	var logs logBuffer
+	var logs testbin.SyncBuffer
 	reg := prometheus.NewRegistry()
 	r, err := reload.New(reload.Options{
 		WatchDirs: []string{dir}, Process: n.MasterMatch(), SockDir: sock, CheckCmd: strings.Join(n.TestCommand(), " "),
@@ -204,22 +135,15 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep reports
-	reload.SetReportForTest(r, rep.add)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	var rep testbin.Recorder[served.Report]
+	reload.SetReportForTest(r, rep.Add)
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reloader: %v", err)
-		}
 		if t.Failed() {
 			t.Logf("reload log:\n%s", logs.String())
 		}
 	})
-	<-r.Started()
-	reloadtest.WaitFor(t, nginxWait, "the start push of r", func() bool { return engineVersion(ctl, "r") == vR })
+	testbin.Run(t, "reloader", r.Run, r.Started())
+	testbin.WaitFor(t, nginxWait, "the start push of r", func() bool { return reloadtest.EngineVersion(ctl, "r") == vR })
 	pushes := func(result string) float64 {
 		return metric(t, reg, "autoconfig_reload_peers_pushes_total", "result", result)
 	}
@@ -229,7 +153,7 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	reloads := func() float64 { return metric(t, reg, "autoconfig_reload_reloads_total", "result", "success") }
 	notNamed := func(keys ...string) {
 		t.Helper()
-		for _, rp := range rep.get() {
+		for _, rp := range rep.Get() {
 			for _, k := range keys {
 				if _, ok := rp.Keys[k]; ok {
 					t.Errorf("a served report (how %s) names %s, which the engine does not hold: %+v", rp.How, k, rp)
@@ -240,18 +164,18 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 
 	// A table under peers_mm.json whose route field says r: refused before
 	// any push. Pushed, it would have replaced r's table.
-	tabMM, vMM := peersTable(t, "r", "10.0.0.9")
+	tabMM, vMM := reloadtest.PeersTable(t, "r", "10.0.0.9")
 	files[peers.Key("mm")] = tabMM
 	reloadtest.KubeletSwap(t, dir, files)
-	reloadtest.WaitFor(t, nginxWait, "the refusal of peers_mm.json", func() bool {
-		if v := engineVersion(ctl, "r"); v == vMM {
+	testbin.WaitFor(t, nginxWait, "the refusal of peers_mm.json", func() bool {
+		if v := reloadtest.EngineVersion(ctl, "r"); v == vMM {
 			t.Fatalf("the engine holds peers_mm.json's table as r's (%s): a table was pushed to the route its route field names, not its key's", v)
 		}
 		return pushes(reload.PushInvalid) == 1
 	})
-	base := logs.count("no peers table taken")
-	reloadtest.WaitFor(t, nginxWait, "three resyncs with peers_mm.json refused", func() bool {
-		return logs.count("no peers table taken") >= base+3
+	base := countLines(&logs, "no peers table taken")
+	testbin.WaitFor(t, nginxWait, "three resyncs with peers_mm.json refused", func() bool {
+		return countLines(&logs, "no peers table taken") >= base+3
 	})
 	if got := pushes(reload.PushInvalid); got != 1 {
 		t.Errorf("peers_pushes_total{result=invalid} = %v after several resyncs, want 1 (one refused content)", got)
@@ -259,10 +183,10 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	if got := unserved(reload.PushInvalid); got != 1 {
 		t.Errorf("peers_tables_unserved{reason=invalid} = %v, want 1", got)
 	}
-	if c := logs.count("level=ERROR", "refused before pushing", "key="+peers.Key("mm")); c != 1 {
+	if c := countLines(&logs, "level=ERROR", "refused before pushing", "key="+peers.Key("mm")); c != 1 {
 		t.Errorf("the refusal of peers_mm.json is logged %d times, want once", c)
 	}
-	if v := engineVersion(ctl, "r"); v != vR {
+	if v := reloadtest.EngineVersion(ctl, "r"); v != vR {
 		t.Errorf("the engine holds %q for r, want r's own table %s", v, vR)
 	}
 	if h := hups(); h != 0 {
@@ -271,12 +195,12 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 
 	// peers_ghost.json: a route the engine lacks. One reload at most, then
 	// the table waits for its route.
-	tabG, vG := peersTable(t, "ghost", "10.0.0.7")
+	tabG, vG := reloadtest.PeersTable(t, "ghost", "10.0.0.7")
 	files[peers.Key("ghost")] = tabG
 	reloadtest.KubeletSwap(t, dir, files)
 	// no_route pushes: the change's, the one after the reload, then one at
 	// resync ticks 1, 2 and 4 after it: 7 resyncs or more.
-	reloadtest.WaitFor(t, nginxWait, "five no_route pushes of peers_ghost.json", func() bool {
+	testbin.WaitFor(t, nginxWait, "five no_route pushes of peers_ghost.json", func() bool {
 		if h := hups(); h > 1 {
 			t.Fatalf("%d SIGHUPs for peers_ghost.json, want at most 1:\n%s", h, n.ErrorLog())
 		}
@@ -288,10 +212,10 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	if got := unserved(reload.PushNoRoute); got != 1 {
 		t.Errorf("peers_tables_unserved{reason=no_route} = %v, want 1", got)
 	}
-	if c := logs.count("level=ERROR", "waits for its route", "key="+peers.Key("ghost")); c != 1 {
+	if c := countLines(&logs, "level=ERROR", "waits for its route", "key="+peers.Key("ghost")); c != 1 {
 		t.Errorf("peers_ghost.json's wait is logged %d times, want once", c)
 	}
-	if v := engineVersion(ctl, "ghost"); v != "" {
+	if v := reloadtest.EngineVersion(ctl, "ghost"); v != "" {
 		t.Errorf("the engine holds %q for ghost, a route it does not have", v)
 	}
 	notNamed(peers.Key("mm"), peers.Key("ghost"))
@@ -300,9 +224,9 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	before, taken := hups(), pushes(reload.PushAccepted)
 	files["session_route_ghost.conf"] = routeFile("ghost")
 	reloadtest.KubeletSwap(t, dir, files)
-	reloadtest.WaitFor(t, nginxWait, "the engine to hold ghost's table", func() bool { return engineVersion(ctl, "ghost") == vG })
-	reloadtest.WaitFor(t, nginxWait, "the report naming ghost's table", func() bool {
-		l := rep.get()
+	testbin.WaitFor(t, nginxWait, "the engine to hold ghost's table", func() bool { return reloadtest.EngineVersion(ctl, "ghost") == vG })
+	testbin.WaitFor(t, nginxWait, "the report naming ghost's table", func() bool {
+		l := rep.Get()
 		last := l[len(l)-1]
 		return last.Keys[peers.Key("ghost")] == served.ID([]byte(tabG)) && last.Peers["ghost"] == vG
 	})
@@ -318,10 +242,10 @@ func TestNginxTableWithoutItsRouteReloadsOnce(t *testing.T) {
 	if h := hups(); h != before+1 {
 		t.Errorf("%d SIGHUPs for the route file of ghost, want 1", h-before)
 	}
-	if c := logs.count("level=INFO", "peers table taken", "key="+peers.Key("ghost")); c != 1 {
+	if c := countLines(&logs, "level=INFO", "peers table taken", "key="+peers.Key("ghost")); c != 1 {
 		t.Errorf("ghost's table being taken is logged %d times, want once", c)
 	}
-	if v := engineVersion(ctl, "r"); v != vR {
+	if v := reloadtest.EngineVersion(ctl, "r"); v != vR {
 		t.Errorf("the engine holds %q for r, want %s", v, vR)
 	}
 	notNamed(peers.Key("mm"))

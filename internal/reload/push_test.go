@@ -17,6 +17,7 @@ import (
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // fakeEngine answers the control protocol on <dir>/autoconfig@control.sock
@@ -102,22 +103,8 @@ func (e *fakeEngine) pushCount() int {
 	return len(e.pushes)
 }
 
-func table(t *testing.T, route string, ips ...string) (string, string) {
-	t.Helper()
-	tab := peers.Table{Route: route, Tiers: []peers.Tier{{Use: "backend", Priority: 1}}}
-	for _, ip := range ips {
-		tab.Tiers[0].Peers = append(tab.Tiers[0].Peers, peers.Peer{Host: ip, Port: 8000})
-	}
-	b, err := tab.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, _ := peers.Parse(b)
-	return string(b), p.Version
-}
-
 func dynFiles(t *testing.T, conf string, ips ...string) (map[string]string, string) {
-	pt, v := table(t, "r", ips...)
+	pt, v := reloadtest.PeersTable(t, "r", ips...)
 	return map[string]string{"session_route_r.conf": conf, peers.Key("r"): pt}, v
 }
 
@@ -132,13 +119,13 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	eng := startFakeEngine(t, sock)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	pushed := make(chan []string, 10)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond},
-		reportTo(rep.add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
+		reportTo(rep.Add), func(r *Reloader) { r.push.onPush = func(keys, _ []string) { pushed <- keys } })
 	// At start the tables are pushed once the engine listens.
-	_, v0 := table(t, "r", "10.0.0.1")
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	_, v0 := reloadtest.PeersTable(t, "r", "10.0.0.1")
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	for i, ips := range [][]string{{"10.0.0.1", "10.0.0.2"}, {"10.0.0.2"}, {"10.0.0.3", "10.0.0.4"}} {
 		f, v := dynFiles(t, "conf 1\n", ips...)
@@ -154,7 +141,7 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 		if got := eng.version("r"); got != v {
 			t.Fatalf("change %d: engine holds %q, want %q", i, got, v)
 		}
-		last := rep.get()[len(rep.get())-1]
+		last := rep.Get()[len(rep.Get())-1]
 		if last.How != served.HowPush || last.Keys[peers.Key("r")] != served.ID([]byte(f[peers.Key("r")])) || last.Peers["r"] != v {
 			t.Fatalf("change %d: report %+v", i, last)
 		}
@@ -167,10 +154,10 @@ func TestPeersOnlyChangeIsPushed(t *testing.T) {
 	f, v := dynFiles(t, "conf 2\n", "10.0.0.9")
 	before := eng.pushCount()
 	reloadtest.KubeletSwap(t, dir, f)
-	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
-	reloadtest.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
-	reloadtest.WaitFor(t, wait, "the report", func() bool {
-		last := rep.get()[len(rep.get())-1]
+	testbin.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+	testbin.WaitFor(t, wait, "the push after the signal", func() bool { return eng.version("r") == v && eng.pushCount() > before })
+	testbin.WaitFor(t, wait, "the report", func() bool {
+		last := rep.Get()[len(rep.Get())-1]
 		return last.How == served.HowSignal && last.Keys[peers.Key("r")] == served.ID([]byte(f[peers.Key("r")]))
 	})
 }
@@ -186,10 +173,10 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 	eng := startFakeEngine(t, sock)
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	refusals := make(chan []string, 100)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 300 * time.Millisecond},
-		reportTo(rep.add), func(r *Reloader) {
+		reportTo(rep.Add), func(r *Reloader) {
 			r.push.onPush = func(_, refused []string) {
 				select {
 				case refusals <- refused:
@@ -197,7 +184,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 				}
 			}
 		})
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.setRefuse("r", http.StatusInsufficientStorage)
 	f1, v1 := dynFiles(t, "conf\n", "10.0.0.1", "10.0.0.2")
@@ -213,7 +200,7 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 			t.Fatal("no refused push")
 		}
 	}
-	for _, r := range rep.get() {
+	for _, r := range rep.Get() {
 		if r.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")])) || r.Peers["r"] == v1 {
 			t.Fatalf("a report names the refused table: %+v", r)
 		}
@@ -222,8 +209,8 @@ func TestRefusedPushKeepsTheLastGoodTable(t *testing.T) {
 		t.Fatal("the engine's table changed on a refusal")
 	}
 	eng.setRefuse("r", 0)
-	reloadtest.WaitFor(t, wait, "the retried push", func() bool {
-		last := rep.get()[len(rep.get())-1]
+	testbin.WaitFor(t, wait, "the retried push", func() bool {
+		last := rep.Get()[len(rep.Get())-1]
 		return eng.version("r") == v1 && last.Peers["r"] == v1 && last.Keys[peers.Key("r")] == served.ID([]byte(f1[peers.Key("r")]))
 	})
 	if n := target.Count(); n != 0 {
@@ -243,7 +230,7 @@ func TestNoControlSocketReloads(t *testing.T) {
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, Debounce: 20 * time.Millisecond})
 	f1, _ := dynFiles(t, "conf\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
-	reloadtest.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
+	testbin.WaitFor(t, wait, "the signal", func() bool { return target.Count() == 1 })
 }
 
 // TestPushAboveANewerSerial: an engine holding a serial above this
@@ -261,7 +248,7 @@ func TestPushAboveANewerSerial(t *testing.T) {
 	name := uniqueName("nginx-like")
 	reloadtest.StartHUPCounter(t, name)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
-	reloadtest.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push above the engine's serial", func() bool { return eng.version("r") == v0 })
 }
 
 // TestPushAfterReloadAsksAgain: right after a reload the engine may answer
@@ -275,18 +262,18 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
 	startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond})
-	reloadtest.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
+	testbin.WaitFor(t, wait, "the start push", func() bool { return eng.version("r") == v0 })
 
 	eng.mu.Lock()
 	eng.notFound["r"] = 3
 	eng.mu.Unlock()
 	f1, v1 := dynFiles(t, "conf 2\n", "10.0.0.2")
 	reloadtest.KubeletSwap(t, dir, f1)
-	reloadtest.WaitFor(t, wait, "the push after the reload", func() bool { return eng.version("r") == v1 })
+	testbin.WaitFor(t, wait, "the push after the reload", func() bool { return eng.version("r") == v1 })
 	// A later peers-only change is pushed, and nothing reloads again.
 	f2, v2 := dynFiles(t, "conf 2\n", "10.0.0.3")
 	reloadtest.KubeletSwap(t, dir, f2)
-	reloadtest.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
+	testbin.WaitFor(t, wait, "the next push", func() bool { return eng.version("r") == v2 })
 	if n := target.Count(); n != 1 {
 		t.Fatalf("%d signals, want 1 (the route file change)", n)
 	}
@@ -300,7 +287,7 @@ func TestPushAfterReloadAsksAgain(t *testing.T) {
 func TestTableWithoutRouteAtStart(t *testing.T) {
 	dir, sock := t.TempDir(), t.TempDir()
 	f, v := dynFiles(t, "conf\n", "10.0.0.1")
-	ghost, _ := table(t, "ghost", "10.0.0.7")
+	ghost, _ := reloadtest.PeersTable(t, "ghost", "10.0.0.7")
 	f[peers.Key("ghost")] = ghost
 	reloadtest.KubeletSwap(t, dir, f)
 	eng := startFakeEngine(t, sock)
@@ -309,14 +296,14 @@ func TestTableWithoutRouteAtStart(t *testing.T) {
 	eng.mu.Unlock()
 	name := uniqueName("nginx-like")
 	target := reloadtest.StartHUPCounter(t, name)
-	var rep reports
+	var rep testbin.Recorder[served.Report]
 	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, SockDir: sock, SockSweep: 50 * time.Millisecond, Debounce: 20 * time.Millisecond, Resync: 100 * time.Millisecond},
-		reportTo(rep.add))
-	reloadtest.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
+		reportTo(rep.Add))
+	testbin.WaitFor(t, wait, "the start push of r", func() bool { return eng.version("r") == v })
 	m := h.r.metrics
 	// 404s: the start push, the resync's push, the one after the reload,
 	// then the backoff's at resync ticks 1, 2, 4 and 8 after it.
-	reloadtest.WaitFor(t, wait, "seven no_route pushes", func() bool {
+	testbin.WaitFor(t, wait, "seven no_route pushes", func() bool {
 		if n := target.Count(); n > 1 {
 			t.Fatalf("%d signals for a table without its route, want at most 1", n)
 		}
@@ -328,7 +315,7 @@ func TestTableWithoutRouteAtStart(t *testing.T) {
 	if g := testutil.ToFloat64(m.PeersUnserved.WithLabelValues(PushNoRoute)); g != 1 {
 		t.Errorf("peers_tables_unserved{reason=no_route} = %v, want 1", g)
 	}
-	for _, r := range rep.get()[1:] { // the first is the start's: what the target is taken to serve
+	for _, r := range rep.Get()[1:] { // the first is the start's: what the target is taken to serve
 		if _, ok := r.Keys[peers.Key("ghost")]; ok || r.Peers["ghost"] != "" {
 			t.Errorf("a report (how %s) names the table without its route: %+v", r.How, r)
 		}

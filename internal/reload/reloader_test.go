@@ -1,19 +1,18 @@
 package reload
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 func TestMain(m *testing.M) {
@@ -36,9 +35,8 @@ func uniqueName(base string) string {
 // harness runs a Reloader in the background and records what it does.
 type harness struct {
 	r        *Reloader
-	mu       sync.Mutex
-	outcomes []Outcome
-	settles  []bool
+	outcomes testbin.Recorder[Outcome]
+	settles  testbin.Recorder[bool]
 }
 
 // startReloader builds a Reloader from o (New), lets each of set replace
@@ -54,22 +52,9 @@ func startReloader(t *testing.T, o Options, set ...func(*Reloader)) *harness {
 		f(r)
 	}
 	h := &harness{r: r}
-	r.sig.onReload = func(o Outcome) { h.mu.Lock(); h.outcomes = append(h.outcomes, o); h.mu.Unlock() }
-	r.onSettle = func(c bool) { h.mu.Lock(); h.settles = append(h.settles, c); h.mu.Unlock() }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("reloader: %v", err)
-		}
-	})
-	select {
-	case <-r.Started():
-	case err := <-done:
-		t.Fatalf("reloader stopped: %v", err)
-	}
+	r.sig.onReload = h.outcomes.Add
+	r.onSettle = h.settles.Add
+	testbin.Run(t, "reloader", r.Run, r.Started())
 	return h
 }
 
@@ -86,17 +71,9 @@ func reportTo(f func(served.Report)) func(*Reloader) {
 	return func(r *Reloader) { r.report = f }
 }
 
-func (h *harness) Outcomes() []Outcome {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]Outcome(nil), h.outcomes...)
-}
+func (h *harness) Outcomes() []Outcome { return h.outcomes.Get() }
 
-func (h *harness) Settles() []bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]bool(nil), h.settles...)
-}
+func (h *harness) Settles() []bool { return h.settles.Get() }
 
 // waitOutcomeFor waits for the attempt made for dirs' current content.
 func (h *harness) waitOutcomeFor(t *testing.T, dirs ...string) Outcome {
@@ -106,7 +83,7 @@ func (h *harness) waitOutcomeFor(t *testing.T, dirs ...string) Outcome {
 		t.Fatal(err)
 	}
 	var got Outcome
-	reloadtest.WaitFor(t, wait, "a reload attempt for the current content", func() bool {
+	testbin.WaitFor(t, wait, "a reload attempt for the current content", func() bool {
 		for _, o := range h.Outcomes() {
 			if o.Fingerprint == fp {
 				got = o
@@ -145,7 +122,7 @@ func TestKubeletSwapsGiveOneHUPEach(t *testing.T) {
 		if o.Result != ResultSignalled || o.PID != cart.PID() {
 			t.Fatalf("swap %d: got %+v, want signalled to %d", i, o, cart.PID())
 		}
-		reloadtest.WaitFor(t, wait, "the HUP to arrive", func() bool { return cart.Count() >= i })
+		testbin.WaitFor(t, wait, "the HUP to arrive", func() bool { return cart.Count() >= i })
 		if n := cart.Count(); n != i {
 			t.Fatalf("after swap %d: %d HUPs, want %d", i, n, i)
 		}
@@ -168,7 +145,7 @@ func TestBurstIsCoalesced(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	h.waitOutcomeFor(t, dir)
-	reloadtest.WaitFor(t, wait, "a HUP", func() bool { return cart.Count() >= len(h.Outcomes()) })
+	testbin.WaitFor(t, wait, "a HUP", func() bool { return cart.Count() >= len(h.Outcomes()) })
 	if n := cart.Count(); n < 1 || n > 2 {
 		t.Fatalf("20 swaps in 100 ms gave %d HUPs, want 1 or 2", n)
 	}
@@ -184,7 +161,7 @@ func TestNoVisibleChangeNoReload(t *testing.T) {
 
 	// A swap to identical content (kubelet resync after a no-op update).
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
-	reloadtest.WaitFor(t, wait, "the directories to settle", func() bool { return len(h.Settles()) >= 1 })
+	testbin.WaitFor(t, wait, "the directories to settle", func() bool { return len(h.Settles()) >= 1 })
 	if s := h.Settles(); s[0] {
 		t.Fatalf("identical swap counted as a change: %v", s)
 	}
@@ -193,7 +170,7 @@ func TestNoVisibleChangeNoReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitOutcomeFor(t, dir)
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
 	if n := cart.Count(); n != 1 {
 		t.Fatalf("%d HUPs, want 1", n)
 	}
@@ -213,14 +190,14 @@ func TestNoProcessIsRetriedWithoutAChange(t *testing.T) {
 		t.Fatalf("got %+v, want no_process", o)
 	}
 	cart := reloadtest.StartHUPCounter(t, name)
-	reloadtest.WaitFor(t, wait, "the retried HUP", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the retried HUP", func() bool { return cart.Count() == 1 })
 	if v := counterValue(t, h.r.metrics, ResultNoProcess); v < 1 {
 		t.Fatalf("reloads_total{result=no_process} = %v, want at least 1", v)
 	}
 	// The HUP can arrive before the attempt's outcome is recorded (the
 	// outcome is reported after the signal): wait for it.
 	var last Outcome
-	reloadtest.WaitFor(t, wait, "the signalled attempt to be recorded", func() bool {
+	testbin.WaitFor(t, wait, "the signalled attempt to be recorded", func() bool {
 		o := h.Outcomes()
 		last = o[len(o)-1]
 		return last.Result != ResultNoProcess
@@ -249,7 +226,7 @@ func TestUnreadableDirectoriesAreRetried(t *testing.T) {
 	})
 	reloadtest.KubeletSwap(t, dir, routeFiles(1))
 	h.waitOutcomeFor(t, dir)
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
 	if failed.Load() != 3 {
 		t.Fatalf("%d injected failures, want 3", failed.Load())
 	}
@@ -280,7 +257,7 @@ func TestRefusedContentIsCheckedAgainAtResync(t *testing.T) {
 	if err := os.Remove(flag); err != nil {
 		t.Fatal(err)
 	}
-	reloadtest.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
 }
 
 // TestResyncCatchesALostEvent: a change the watcher did not report (the
@@ -309,7 +286,7 @@ func TestResyncCatchesALostEvent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(other, "config.yaml"), []byte("v2"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	reloadtest.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the HUP after the resync", func() bool { return cart.Count() == 1 })
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultSignalled {
 		t.Fatalf("got %+v, want signalled", o)
 	}
@@ -348,7 +325,7 @@ func TestFailingCheckDoesNotSignal(t *testing.T) {
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultSignalled {
 		t.Fatalf("good config: got %+v, want signalled", o)
 	}
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() >= 1 })
 	if n := cart.Count(); n != 1 {
 		t.Fatalf("%d HUPs, want exactly 1 (only the good config)", n)
 	}

@@ -1,27 +1,13 @@
 package reload
 
 import (
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelsphere/autoconfig/internal/reload/reloadtest"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
-
-// reports records the served reports a Reloader gives.
-type reports struct {
-	mu  sync.Mutex
-	all []served.Report
-}
-
-func (r *reports) add(s served.Report) { r.mu.Lock(); r.all = append(r.all, s); r.mu.Unlock() }
-
-func (r *reports) get() []served.Report {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]served.Report(nil), r.all...)
-}
 
 // TestServedReportFollowsWhatTheTargetLoaded: the report names, per key,
 // the ID of the bytes the target was signalled with — the content present
@@ -31,10 +17,10 @@ func TestServedReportFollowsWhatTheTargetLoaded(t *testing.T) {
 	dir := t.TempDir()
 	reloadtest.KubeletSwap(t, dir, routeFiles(0))
 	name := uniqueName("cache-aware-router")
-	var rep reports
-	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, RetryMax: time.Second}, reportTo(rep.add))
+	var rep testbin.Recorder[served.Report]
+	h := startReloader(t, Options{WatchDirs: []string{dir}, Process: name, RetryMax: time.Second}, reportTo(rep.Add))
 
-	first := rep.get()
+	first := rep.Get()
 	if len(first) != 1 || first[0].How != served.HowStart || first[0].Keys["config.yaml"] != served.ID([]byte(routeFiles(0)["config.yaml"])) || len(first[0].Keys) != 2 {
 		t.Fatalf("at start: %+v, want the start content's two keys", first)
 	}
@@ -44,16 +30,16 @@ func TestServedReportFollowsWhatTheTargetLoaded(t *testing.T) {
 	if o := h.waitOutcomeFor(t, dir); o.Result != ResultNoProcess {
 		t.Fatalf("got %+v, want no_process", o)
 	}
-	if n := len(rep.get()); n != 1 {
-		t.Fatalf("%d reports after a content no process received, want 1: %+v", n, rep.get())
+	if n := len(rep.Get()); n != 1 {
+		t.Fatalf("%d reports after a content no process received, want 1: %+v", n, rep.Get())
 	}
 
 	// The target appears and is signalled (a CART-like process has no
 	// workers, so the reload is "signal", not verified).
 	cart := reloadtest.StartHUPCounter(t, name)
-	reloadtest.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
-	reloadtest.WaitFor(t, wait, "the report", func() bool { return len(rep.get()) == 2 })
-	last := rep.get()[1]
+	testbin.WaitFor(t, wait, "the HUP", func() bool { return cart.Count() == 1 })
+	testbin.WaitFor(t, wait, "the report", func() bool { return len(rep.Get()) == 2 })
+	last := rep.Get()[1]
 	if last.How != served.HowSignal || last.Keys["config.yaml"] != served.ID([]byte(routeFiles(1)["config.yaml"])) || last.Keys["other.conf"] != served.ID([]byte("static\n")) {
 		t.Fatalf("after the signal: %+v, want version 1 signalled", last)
 	}

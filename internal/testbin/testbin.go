@@ -1,7 +1,13 @@
-// Package testbin holds what the binary-level tests of the sidecars share:
-// building the package under test into a real executable (with -race when
-// the test itself runs under -race), a goroutine-safe buffer for a child
-// process's output, and the live heap the memory tests measure.
+// Package testbin is the one home of the helpers the tests across the
+// repository share, and of the hack tools' process runner: building the
+// package under test into a real executable (with -race when the test
+// itself runs under -race), a goroutine-safe buffer for a child process's
+// output, the live heap the memory tests measure, a child process with its
+// output in a log file (Proc), a component run until the test ends (Run),
+// a goroutine-safe record of what callbacks give (Recorder), waiting for a
+// condition (WaitFor, WaitEvery, WaitUntil, WaitCtx), the module root
+// (ModuleRoot, Root) and Must. It imports the standard library only, so
+// any test can use it.
 package testbin
 
 import (

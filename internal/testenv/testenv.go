@@ -14,7 +14,6 @@
 package testenv
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +21,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // KubeVersion is the version hack/envtest.sh builds.
@@ -30,31 +31,12 @@ const KubeVersion = "v1.37.2"
 // CRDDir is the CRD directory, relative to the module root.
 const CRDDir = "deploy/crds"
 
-// ModuleRoot walks up from the working directory to the directory holding
-// go.mod.
-func ModuleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("working directory: %w", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
 // AssetsDir returns the directory holding kube-apiserver and etcd, or an
 // error that says how to build them.
 func AssetsDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
-		root, err := ModuleRoot()
+		root, err := testbin.ModuleRoot()
 		if err != nil {
 			return "", err
 		}
@@ -75,7 +57,7 @@ func Environment() (*envtest.Environment, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, err := ModuleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
-// Package reloadtest holds test helpers for the reload sidecar: a kubelet
-// style ConfigMap volume updater and a real process that counts SIGHUPs
-// under any argv[0].
+// Package reloadtest holds the reload sidecar's test fixtures: a kubelet
+// style ConfigMap volume updater, a real process that counts SIGHUPs
+// under any argv[0], and peers tables with the engine's view of them.
+// The helpers any test uses (waiting, Must, the module root) are
+// internal/testbin's.
 //
 // A test binary using StartHUPCounter must call MaybeRunHUPCounter first
 // thing in TestMain: the counter is the test binary itself, re-executed
@@ -9,7 +11,9 @@
 package reloadtest
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -20,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/modelsphere/autoconfig/internal/peers"
 )
 
 // KubeletSwap updates dir the way kubelet's AtomicWriter updates a
@@ -180,37 +186,6 @@ func (c *HUPCounter) Times() []time.Time {
 // Count is the number of SIGHUPs received so far.
 func (c *HUPCounter) Count() int { return len(c.Times()) }
 
-// WaitFor polls cond every 5 ms until it holds or the deadline passes, then
-// fails the test with msg.
-func WaitFor(t testing.TB, timeout time.Duration, msg string, cond func() bool) {
-	t.Helper()
-	WaitUntil(t, timeout, 5*time.Millisecond, msg, func() string {
-		if cond() {
-			return ""
-		}
-		return "the condition does not hold"
-	})
-}
-
-// WaitUntil polls missing every interval until it returns "" or the
-// deadline passes, then fails the test with msg and what missing said
-// last: what is still missing, for a failure that can be read without a
-// rerun.
-func WaitUntil(t testing.TB, timeout, interval time.Duration, msg string, missing func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		why := missing()
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %s", timeout, msg, why)
-		}
-		time.Sleep(interval)
-	}
-}
-
 // CommandLine is the --check-cmd value that runs args as they are: each is
 // single-quoted, so the sidecar's split (reload.SplitCommand: quotes group,
 // adjacent quoted parts join) gives args back. A single quote in an
@@ -221,4 +196,41 @@ func CommandLine(args ...string) string {
 		q[i] = "'" + strings.ReplaceAll(a, "'", `'"'"'`) + "'"
 	}
 	return strings.Join(q, " ")
+}
+
+// PeersTable is the content of route's peers table, one tier of ips (port
+// 8000), and its version.
+func PeersTable(t testing.TB, route string, ips ...string) (content, version string) {
+	t.Helper()
+	tab := peers.Table{Route: route, Tiers: []peers.Tier{{Use: "backend", Priority: 1}}}
+	for _, ip := range ips {
+		tab.Tiers[0].Peers = append(tab.Tiers[0].Peers, peers.Peer{Host: ip, Port: 8000})
+	}
+	b, err := tab.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := peers.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b), p.Version
+}
+
+// EngineVersion is the version of the table the engine holds for route
+// ("" = none, or no such route), asked over c, a client of the engine's
+// control socket.
+func EngineVersion(c *http.Client, route string) string {
+	resp, err := c.Get("http://engine/peers/" + route)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var a struct {
+		Version string `json:"version"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&a) != nil {
+		return ""
+	}
+	return a.Version
 }
