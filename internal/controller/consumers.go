@@ -29,6 +29,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -94,10 +95,10 @@ func consumerGroups(route *v1alpha1.ModelRoute) []consumerGroup {
 func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, pr client.Reader, ok bool, err error) {
 	if g.service != "" {
 		ns, name, _ := strings.Cut(g.service, "/")
-		if !r.watches(ns) {
+		if !watched(r.Namespaces, ns) {
 			return nil, nil, false, nil
 		}
-		sns, sel, err := r.servicePods(ctx, g.service)
+		sns, sel, err := servicePods(ctx, r.Client, g.service)
 		if err != nil {
 			return nil, nil, false, err
 		}
@@ -139,11 +140,6 @@ func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRout
 	}
 	slices.Sort(pods)
 	return slices.Compact(pods), pr, true, nil
-}
-
-// watches reports whether the controller caches namespace ns.
-func (r *Reconciler) watches(ns string) bool {
-	return len(r.Namespaces) == 0 || slices.Contains(r.Namespaces, ns)
 }
 
 // reconcileConsumers sets status.consumers, status.synced and Applied: for
@@ -437,7 +433,7 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 		seen := map[types.NamespacedName]bool{}
 		for i := range sl.Items {
 			svc := sl.Items[i].Labels[discoveryv1.LabelServiceName]
-			for _, rt := range r.routesBy(ctx, discovery.IndexRouteService, sl.Items[i].Namespace+"/"+svc) {
+			for _, rt := range informer.RoutesBy(ctx, r.Client, discovery.IndexRouteService, sl.Items[i].Namespace+"/"+svc) {
 				k := client.ObjectKeyFromObject(&rt)
 				if seen[k] {
 					continue

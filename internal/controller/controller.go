@@ -28,6 +28,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/sink"
@@ -81,14 +82,14 @@ type Reconciler struct {
 	// reconciles (nil = a new one).
 	Routes *RouteState
 
-	// Caches, when set, built every informer (CacheCurrency.NewInformer):
+	// Caches, when set, built every informer (informer.CacheCurrency):
 	// reconciles wait while one is not current, and every route is queued
 	// when they are current again after a cut.
-	Caches *CacheCurrency
+	Caches *informer.CacheCurrency
 
 	// PodCacheIdle is how long a pod cache (one per namespace and
 	// selector) outlives the last route reading it (0 =
-	// DefaultPodCacheIdle).
+	// informer.DefaultPodCacheIdle).
 	PodCacheIdle time.Duration
 
 	// out writes (or, previewing, pretends to write) the routes' keys.
@@ -98,7 +99,7 @@ type Reconciler struct {
 	preview bool
 
 	discovery *discovery.Reader
-	pods      *podCaches
+	pods      *informer.PodCaches
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -38,5 +39,5 @@ func SetupFallbackIndex(ctx context.Context, idx client.FieldIndexer) error {
 // mapFallbackService maps a Service event to the selector routes whose
 // fallback Service has that name.
 func (r *Reconciler) mapFallbackService(ctx context.Context, o client.Object) []reconcile.Request {
-	return requests(r.routesBy(ctx, IndexRouteFallbackService, o.GetNamespace()+"/"+o.GetName()))
+	return informer.Requests(informer.RoutesBy(ctx, r.Client, IndexRouteFallbackService, o.GetNamespace()+"/"+o.GetName()))
 }

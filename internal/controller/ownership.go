@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -72,7 +73,7 @@ func (r *Reconciler) nginxConfigMapUser(ctx context.Context, route *v1alpha1.Mod
 	if compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.OutputConfigMap) == cm {
 		return compiler.OwnerRef(route.Namespace, route.Name)
 	}
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, cm) {
+	for _, rt := range informer.RoutesBy(ctx, r.Client, discovery.IndexRouteConfigMap, cm) {
 		if rt.DeletionTimestamp.IsZero() && compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.OutputConfigMap) == cm {
 			return compiler.OwnerRef(rt.Namespace, rt.Name)
 		}
@@ -222,7 +223,7 @@ func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string, trusted
 // claimant even before the cache has it.
 func (r *Reconciler) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) string {
 	best := route
-	for _, rt := range r.routesBy(ctx, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
+	for _, rt := range informer.RoutesBy(ctx, r.Client, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
 		if rt.UID == route.UID || !claimant(&rt, cm, key, r.TrustedNamespaces) {
 			continue
 		}

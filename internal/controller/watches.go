@@ -4,13 +4,11 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,18 +23,26 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
+// CacheCurrency is informer.CacheCurrency: whether every cache holds what
+// the API server holds.
+type CacheCurrency = informer.CacheCurrency
+
+// NewCacheCurrency returns a CacheCurrency with no stale cache.
+func NewCacheCurrency() *CacheCurrency { return informer.NewCacheCurrency() }
+
 // CacheOptions are the manager cache options the controller needs: managed
 // fields and kubectl's last-applied copy stripped from everything and, when
 // namespaces is not empty, namespaced objects cached only there (Nodes are
 // cluster-scoped and always cached, metadata only; ConfigMaps metadata
 // only). Pods are not in the manager's cache: they are cached per
-// namespace and label selector, only the pods routes select (podCaches).
+// namespace and label selector, only the pods routes select (informer.PodCaches).
 //
 // A read of a kind the controller does not watch fails instead of starting
 // a cache of it (ErrResourceNotCached): a typed ConfigMap read through the
@@ -147,7 +153,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	}
 	r.initial = newInitialSync(r)
 	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
-	ix := indexer(mgr.GetCache())
+	ix := informer.Indexer(mgr.GetCache())
 	if err := discovery.SetupIndexes(ctx, ix); err != nil {
 		return err
 	}
@@ -157,37 +163,46 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := SetupOwnershipIndex(ctx, ix); err != nil {
 		return err
 	}
+	routes := &informer.Routes{Client: r.Client} // its Pods below
+	// mapService maps a Service to the routes that reference it and to
+	// the selector route whose fallback Service has its name (ours or a
+	// foreign one: its deletion lets the route create its own).
+	mapService := func(ctx context.Context, o client.Object) []reconcile.Request {
+		return append(informer.Requests(routes.By(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName())),
+			r.mapFallbackService(ctx, o)...)
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
-		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
-		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(routes.MapSlice)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(mapService)).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(routes.MapNode), builder.WithPredicates(gpuLabelChanged())).
 		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)})
 	if r.Caches != nil {
-		rs := &resyncSource{r: r}
-		r.Caches.OnCurrent(rs.queueAll)
+		rs := &informer.Resync{Client: r.Client}
+		r.Caches.OnCurrent(rs.QueueAll)
 		b = b.WatchesRawSource(rs)
 	}
-	idle := r.PodCacheIdle
-	if idle <= 0 {
-		idle = DefaultPodCacheIdle
-	}
-	pc, err := podCachesClient(mgr.GetConfig())
+	// One source for the events of every pod cache, started with the
+	// controller: through MapPod, with podChanged dropping updates
+	// discovery does not read, and through the consumer pods' handler.
+	pods, err := informer.NewPodCaches(mgr.GetConfig(), informer.PodCacheOptions{
+		InUse: func(ctx context.Context) ([]informer.PodKey, error) { return podSelectors(ctx, r.Client, r.Namespaces) },
+		Idle:  r.PodCacheIdle, Currency: r.Caches,
+		Handler: podHandlers{selected: handler.EnqueueRequestsFromMapFunc(routes.MapPod), changed: podChanged(),
+			consumers: r.consumerPodHandler()},
+	})
 	if err != nil {
 		return err
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, idle: idle, currency: r.Caches}
-	// One source for the events of every pod cache, started with the
-	// controller (podEvents).
-	r.pods.events = r.newPodEvents(r.pods)
-	b = b.WatchesRawSource(r.pods.events)
+	r.pods, routes.Pods = pods, pods
+	b = b.WatchesRawSource(pods.Events())
 	if _, err := b.Build(r); err != nil {
 		return err
 	}
-	return mgr.Add(r.pods)
+	return mgr.Add(pods)
 }
 
 // routeChanged passes spec changes (generation), the start of deletion and
@@ -237,11 +252,11 @@ func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconc
 		}
 	}
 	for _, v := range outputKeyValues(rt) {
-		add(r.routesBy(ctx, IndexRouteOutputKey, v))
+		add(informer.RoutesBy(ctx, r.Client, IndexRouteOutputKey, v))
 	}
 	// Routes whose monitor file goes where this route writes nginx files.
 	if cm := rt.Spec.Nginx.OutputConfigMap; cm != "" {
-		add(r.routesBy(ctx, IndexRouteMonitorConfigMap, compiler.ResolveRef(compilerRoute(rt), cm)))
+		add(informer.RoutesBy(ctx, r.Client, IndexRouteMonitorConfigMap, compiler.ResolveRef(compilerRoute(rt), cm)))
 	}
 	return out
 }
@@ -279,149 +294,6 @@ func gpuLabelChanged() predicate.Predicate {
 	}
 }
 
-// routesBy lists the routes whose index holds value. The routes are the
-// cache's own objects: callers must not modify them.
-func (r *Reconciler) routesBy(ctx context.Context, index, value string) []v1alpha1.ModelRoute {
-	var l v1alpha1.ModelRouteList
-	// Read-only use: the cache's objects are not copied (a ConfigMap event
-	// of a ConfigMap shared by 100 routes used to deep-copy all of them).
-	if err := r.Client.List(ctx, &l, client.MatchingFields{index: value}, client.UnsafeDisableDeepCopy); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "list routes by index", "index", index, "value", value)
-		return nil
-	}
-	return l.Items
-}
-
-func requests(routes []v1alpha1.ModelRoute) []reconcile.Request {
-	out := make([]reconcile.Request, len(routes))
-	for i := range routes {
-		out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&routes[i])}
-	}
-	return out
-}
-
-func (r *Reconciler) mapSlice(ctx context.Context, o client.Object) []reconcile.Request {
-	svc := o.GetLabels()[discoveryv1.LabelServiceName]
-	if svc == "" {
-		return nil
-	}
-	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+svc))
-}
-
-// mapService maps a Service to the routes that reference it and to the
-// selector route whose fallback Service has its name (ours or a foreign
-// one: its deletion lets the route create its own).
-func (r *Reconciler) mapService(ctx context.Context, o client.Object) []reconcile.Request {
-	return append(requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName())),
-		r.mapFallbackService(ctx, o)...)
-}
-
-// mapPod maps a pod to the selector routes of its namespace whose selectors
-// match it (the index narrows to one namespace's selector routes).
-func (r *Reconciler) mapPod(ctx context.Context, o client.Object) []reconcile.Request {
-	var out []reconcile.Request
-	set := labels.Set(o.GetLabels())
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteSelectorNamespace, o.GetNamespace()) {
-		for _, s := range discovery.RouteSelectors(&rt) {
-			if sel, err := parsedSelector(s); err == nil && sel.Matches(set) {
-				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&rt)})
-				break
-			}
-		}
-	}
-	return out
-}
-
-// selectors holds parsed route selectors (string → labels.Selector):
-// mapPod matches every pod event against the selectors of its namespace's
-// routes, and parsing them anew for each allocated 17 MB in a 1000-route
-// start-up. Bounded by the distinct selectors routes have had; cleared
-// when it grows past maxParsedSelectors.
-var (
-	selectorsMu sync.Mutex
-	selectors   = map[string]labels.Selector{}
-)
-
-const maxParsedSelectors = 10000
-
-// parsedSelector is labels.Parse(s), parsed once.
-func parsedSelector(s string) (labels.Selector, error) {
-	selectorsMu.Lock()
-	sel, ok := selectors[s]
-	selectorsMu.Unlock()
-	if ok {
-		return sel, nil
-	}
-	sel, err := labels.Parse(s)
-	if err != nil {
-		return nil, err
-	}
-	selectorsMu.Lock()
-	if len(selectors) >= maxParsedSelectors {
-		clear(selectors)
-	}
-	selectors[s] = sel
-	selectorsMu.Unlock()
-	return sel, nil
-}
-
-// mapNode maps a node to the routes with endpoints on it: through the
-// slices and pods on that node.
-func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.Request {
-	node := o.GetName()
-	seen := map[types.NamespacedName]bool{}
-	var out []reconcile.Request
-	add := func(reqs []reconcile.Request) {
-		for _, q := range reqs {
-			if !seen[q.NamespacedName] {
-				seen[q.NamespacedName] = true
-				out = append(out, q)
-			}
-		}
-	}
-	// Read-only, and one lookup per Service: a node carries endpoints of
-	// most slices, and each node's creation at start-up deep-copied all
-	// of them (57 MB allocated for 50 nodes and 900 slices). Every slice
-	// is scanned, not looked up in an index by node: that index held a
-	// key per node of every slice (0.8–2.4 MB of live heap in profiles at
-	// 10,000 endpoints on 50 nodes) for events as rare as a node joining
-	// or its GPU label changing.
-	var sl discoveryv1.EndpointSliceList
-	if err := r.Client.List(ctx, &sl, client.UnsafeDisableDeepCopy); err == nil {
-		services := map[string]bool{}
-		for i := range sl.Items {
-			s := &sl.Items[i]
-			if !slices.ContainsFunc(s.Endpoints, func(ep discoveryv1.Endpoint) bool {
-				return ep.NodeName != nil && *ep.NodeName == node
-			}) {
-				continue
-			}
-			svc := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-			if services[svc] {
-				continue
-			}
-			services[svc] = true
-			add(r.mapSlice(ctx, s))
-		}
-	}
-	if r.pods != nil {
-		for _, pr := range r.pods.readers() {
-			// No index by node: the caches hold only selected pods, and
-			// a GPU label change is rare; an index per cache cost a set
-			// per node and cache.
-			var pl corev1.PodList
-			if err := pr.List(ctx, &pl, client.UnsafeDisableDeepCopy); err == nil {
-				for i := range pl.Items {
-					if pl.Items[i].Spec.NodeName == node {
-						add(r.mapPod(ctx, &pl.Items[i]))
-					}
-				}
-			}
-		}
-	}
-	return out
-}
-
 // configMapHandler re-renders routes on output ConfigMap events (metadata
 // only: the controller does not cache ConfigMaps, see sink's content.go):
 // all referencing routes when it appears, disappears or its
@@ -433,7 +305,7 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 // its neighbours.
 func (r *Reconciler) configMapHandler() handler.EventHandler {
 	all := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		for _, req := range requests(r.routesBy(ctx, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
+		for _, req := range informer.Requests(informer.RoutesBy(ctx, r.Client, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
 			q.Add(req)
 		}
 	}
@@ -475,7 +347,7 @@ func (r *Reconciler) changedKeys(ctx context.Context, ref, rv string, q workqueu
 		ctrl.LoggerFrom(ctx).Error(err, "read a changed configmap; re-rendering its routes", "configmap", ref)
 		ch.All = true
 	}
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
+	for _, rt := range informer.RoutesBy(ctx, r.Client, discovery.IndexRouteConfigMap, ref) {
 		key := client.ObjectKeyFromObject(&rt)
 		owned, known := r.Routes.rendered.get(key)
 		if ch.All || (!known && len(ch.Keys) > 0) || slices.ContainsFunc(owned[ref], func(k string) bool {
