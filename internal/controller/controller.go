@@ -99,7 +99,9 @@ type Reconciler struct {
 	preview bool
 
 	discovery *discovery.Reader
-	pods      *informer.PodCaches
+	// fallback is the FailOpen selector routes' fallback Service.
+	fallback *fallbackService
+	pods     *informer.PodCaches
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer

@@ -219,7 +219,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 		return fmt.Errorf("remove route keys: %w", err)
 	}
 	ctrl.LoggerFrom(ctx).Info("removed route keys", "outcomes", fmt.Sprint(outcomes))
-	if err := r.cleanupFallbackService(ctx, route); err != nil {
+	if err := r.fallback.cleanup(ctx, route); err != nil {
 		return err
 	}
 	orig := route.DeepCopy()

@@ -143,7 +143,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if r.Routes == nil {
 		r.Routes = NewRouteState()
 	}
-	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
 	r.scaler = &scaler.Scaler{Client: r.Client, Reader: r.APIReader}
 	w := &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	r.sink, r.out = w, w
@@ -168,8 +167,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	// the selector route whose fallback Service has its name (ours or a
 	// foreign one: its deletion lets the route create its own).
 	mapService := func(ctx context.Context, o client.Object) []reconcile.Request {
-		return append(informer.Requests(routes.By(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName())),
-			r.mapFallbackService(ctx, o)...)
+		ref := o.GetNamespace() + "/" + o.GetName()
+		return append(informer.Requests(routes.By(ctx, discovery.IndexRouteService, ref)),
+			informer.Requests(routes.By(ctx, IndexRouteFallbackService, ref))...)
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
@@ -198,6 +198,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		return err
 	}
 	r.pods, routes.Pods = pods, pods
+	read := podReader(pods, r.Client)
+	r.discovery = &discovery.Reader{Client: r.Client, Pods: read}
+	r.fallback = &fallbackService{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, pods: read}
 	b = b.WatchesRawSource(pods.Events())
 	if _, err := b.Build(r); err != nil {
 		return err
