@@ -101,7 +101,9 @@ type Reconciler struct {
 	discovery *discovery.Reader
 	// fallback is the FailOpen selector routes' fallback Service.
 	fallback *fallbackService
-	pods     *informer.PodCaches
+	// consumers is the consumers' served state (the consumers step).
+	consumers *consumers
+	pods      *informer.PodCaches
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer

@@ -188,11 +188,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	// One source for the events of every pod cache, started with the
 	// controller: through MapPod, with podChanged dropping updates
 	// discovery does not read, and through the consumer pods' handler.
+	r.consumers = &consumers{client: r.Client, namespaces: r.Namespaces, routes: r.Routes} // its pods below
 	pods, err := informer.NewPodCaches(mgr.GetConfig(), informer.PodCacheOptions{
 		InUse: func(ctx context.Context) ([]informer.PodKey, error) { return podSelectors(ctx, r.Client, r.Namespaces) },
 		Idle:  r.PodCacheIdle, Currency: r.Caches,
 		Handler: podHandlers{selected: handler.EnqueueRequestsFromMapFunc(routes.MapPod), changed: podChanged(),
-			consumers: r.consumerPodHandler()},
+			consumers: r.consumers.podHandler()},
 	})
 	if err != nil {
 		return err
@@ -200,6 +201,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	r.pods, routes.Pods = pods, pods
 	read := podReader(pods, r.Client)
 	r.discovery = &discovery.Reader{Client: r.Client, Pods: read}
+	r.consumers.pods = read
 	r.fallback = &fallbackService{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, pods: read}
 	b = b.WatchesRawSource(pods.Events())
 	if _, err := b.Build(r); err != nil {
