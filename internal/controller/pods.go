@@ -39,11 +39,6 @@ func podReader(caches *informer.PodCaches, c client.Reader) podReaderFunc {
 	}
 }
 
-// podReader is the pod cache of ns and selector (podReader).
-func (r *Reconciler) podReader(ctx context.Context, ns, selector string) (client.Reader, error) {
-	return podReader(r.pods, r.Client)(ctx, ns, selector)
-}
-
 // watched reports whether the controller caches namespace ns (namespaces:
 // --namespace; empty = all).
 func watched(namespaces []string, ns string) bool {
