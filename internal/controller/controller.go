@@ -107,7 +107,7 @@ type Reconciler struct {
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer
-	cmChanges *configMapChanges
+	cmChanges *informer.ConfigMapChanges
 	// initial is the initial sync the workers wait for (nil: none).
 	initial *initialSync
 	// scaler wakes and idles scale-to-zero targets (scaletozero.go).

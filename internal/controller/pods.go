@@ -12,12 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/informer"
@@ -101,39 +96,4 @@ func servicePods(ctx context.Context, c client.Reader, ref string) (ns, selector
 		return ns, "", fmt.Errorf("get service %s: %w", ref, err)
 	}
 	return ns, labels.SelectorFromSet(svc.Spec.Selector).String(), nil
-}
-
-// podHandlers is informer.Routes.MapPod's handler behind podChanged, and the consumer
-// pods' handler (which filters on its own), as one handler.
-type podHandlers struct {
-	selected, consumers handler.EventHandler
-	changed             predicate.Predicate
-}
-
-func (h podHandlers) Create(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Create(e) {
-		h.selected.Create(ctx, e, q)
-	}
-	h.consumers.Create(ctx, e, q)
-}
-
-func (h podHandlers) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Update(e) {
-		h.selected.Update(ctx, e, q)
-	}
-	h.consumers.Update(ctx, e, q)
-}
-
-func (h podHandlers) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Delete(e) {
-		h.selected.Delete(ctx, e, q)
-	}
-	h.consumers.Delete(ctx, e, q)
-}
-
-func (h podHandlers) Generic(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Generic(e) {
-		h.selected.Generic(ctx, e, q)
-	}
-	h.consumers.Generic(ctx, e, q)
 }

@@ -260,15 +260,6 @@ func (f *fallbackService) preview(ctx context.Context, st *state) (*compiler.Ser
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // errReadOnly is what every write of a previewing Reconciler returns.
 var errReadOnly = errors.New("autoconfig preview: read-only, nothing is written")
 

@@ -2,13 +2,10 @@ package controller
 
 import (
 	"context"
-	"maps"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -37,98 +34,15 @@ type CacheCurrency = informer.CacheCurrency
 // NewCacheCurrency returns a CacheCurrency with no stale cache.
 func NewCacheCurrency() *CacheCurrency { return informer.NewCacheCurrency() }
 
-// CacheOptions are the manager cache options the controller needs: managed
-// fields and kubectl's last-applied copy stripped from everything and, when
-// namespaces is not empty, namespaced objects cached only there (Nodes are
-// cluster-scoped and always cached, metadata only; ConfigMaps metadata
-// only). Pods are not in the manager's cache: they are cached per
-// namespace and label selector, only the pods routes select (informer.PodCaches).
-//
-// A read of a kind the controller does not watch fails instead of starting
-// a cache of it (ErrResourceNotCached): a typed ConfigMap read through the
-// cache would otherwise cache every ConfigMap of the cluster in full.
+// CacheOptions are the manager cache options the controller needs
+// (informer.CacheOptions): of Services, the labels and annotations it
+// reads are kept (the managed-by label, the fallback-for and
+// allowed-route-namespaces annotations).
 func CacheOptions(namespaces []string) cache.Options {
-	o := cache.Options{
-		DefaultTransform:            stripUnread,
-		ReaderFailOnMissingInformer: true,
-	}
-	if len(namespaces) > 0 {
-		o.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range namespaces {
-			o.DefaultNamespaces[ns] = cache.Config{}
-		}
-	}
-	return o
-}
-
-// stripUnread drops from every cached object what the controller never
-// reads and what is often its largest part: managed fields, and the copy
-// of the whole object kubectl apply keeps in an annotation. EndpointSlices
-// and Services, of which a cluster has about one per workload, are cut
-// down to the fields the controller reads (discovery.StripEndpointSlice,
-// stripService).
-func stripUnread(o any) (any, error) {
-	switch o := o.(type) {
-	case *discoveryv1.EndpointSlice:
-		return discovery.StripEndpointSlice(o)
-	case *corev1.Service:
-		return stripService(o), nil
-	}
-	if a, err := meta.Accessor(o); err == nil {
-		if a.GetManagedFields() != nil { // as controller-runtime's TransformStripManagedFields
-			a.SetManagedFields(nil)
-		}
-		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
-			ann = maps.Clone(ann)
-			delete(ann, corev1.LastAppliedConfigAnnotation)
-			a.SetAnnotations(ann)
-		}
-	}
-	return o, nil
-}
-
-// stripService keeps only what the controller reads of a Service:
-// identity, owner references and deletion (whose fallback Service it is),
-// the managed-by label and the fallback-for and allowed-route-namespaces
-// annotations, and of the spec the type, selector, cluster IPs and ports
-// (name, protocol, port, target port). Its status, the other labels and
-// annotations and the rest of the spec (IP families, traffic policies,
-// node ports, load balancer settings) are never read. The result is a new
-// object: the transform may run again on a cached one (a resync).
-func stripService(s *corev1.Service) *corev1.Service {
-	out := &corev1.Service{
-		TypeMeta: s.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-			DeletionTimestamp: s.DeletionTimestamp, OwnerReferences: s.OwnerReferences,
-			Labels:      keep(s.Labels, ManagedByLabel),
-			Annotations: keep(s.Annotations, FallbackForAnnotation, sink.AllowedNamespacesAnnotation),
-		},
-		Spec: corev1.ServiceSpec{
-			Type: s.Spec.Type, Selector: s.Spec.Selector, ClusterIP: s.Spec.ClusterIP, ClusterIPs: s.Spec.ClusterIPs,
-		},
-	}
-	if len(s.Spec.Ports) > 0 {
-		out.Spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
-		for i, p := range s.Spec.Ports {
-			out.Spec.Ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort}
-		}
-	}
-	return out
-}
-
-// keep is the entries of m with the given keys (nil for none).
-func keep(m map[string]string, keys ...string) map[string]string {
-	var out map[string]string
-	for _, k := range keys {
-		if v, ok := m[k]; ok {
-			if out == nil {
-				out = make(map[string]string, len(keys))
-			}
-			out[k] = v
-		}
-	}
-	return out
+	return informer.CacheOptions(namespaces, informer.ServiceFields{
+		Labels:      []string{ManagedByLabel},
+		Annotations: []string{FallbackForAnnotation, sink.AllowedNamespacesAnnotation},
+	})
 }
 
 // SetupWithManager registers the field indexes and the controller with its
@@ -146,7 +60,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	r.scaler = &scaler.Scaler{Client: r.Client, Reader: r.APIReader}
 	w := &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	r.sink, r.out = w, w
-	r.cmChanges = newConfigMapChanges(r.changedKeys)
+	r.cmChanges = informer.NewConfigMapChanges(r.changedKeys)
 	if err := mgr.Add(r.cmChanges); err != nil {
 		return err
 	}
@@ -177,7 +91,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(routes.MapSlice)).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(mapService)).
-		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(routes.MapNode), builder.WithPredicates(gpuLabelChanged())).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(routes.MapNode), builder.WithPredicates(informer.GPULabelChanged())).
 		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)})
 	if r.Caches != nil {
@@ -186,14 +100,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 		b = b.WatchesRawSource(rs)
 	}
 	// One source for the events of every pod cache, started with the
-	// controller: through MapPod, with podChanged dropping updates
-	// discovery does not read, and through the consumer pods' handler.
+	// controller: through MapPod, for the updates discovery reads, and
+	// through the consumer pods' handler.
 	r.consumers = &consumers{client: r.Client, namespaces: r.Namespaces, routes: r.Routes} // its pods below
 	pods, err := informer.NewPodCaches(mgr.GetConfig(), informer.PodCacheOptions{
 		InUse: func(ctx context.Context) ([]informer.PodKey, error) { return podSelectors(ctx, r.Client, r.Namespaces) },
 		Idle:  r.PodCacheIdle, Currency: r.Caches,
-		Handler: podHandlers{selected: handler.EnqueueRequestsFromMapFunc(routes.MapPod), changed: podChanged(),
-			consumers: r.consumers.podHandler()},
+		Selected: handler.EnqueueRequestsFromMapFunc(routes.MapPod), Every: r.consumers.podHandler(),
 	})
 	if err != nil {
 		return err
@@ -266,39 +179,6 @@ func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconc
 	return out
 }
 
-// podChanged drops pod updates that change nothing discovery reads (the
-// pod caches keep records, so only the resourceVersion differs then): the
-// two pods' records are compared, not their stripped pods rebuilt.
-func podChanged() predicate.Predicate {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		pa, okA := e.ObjectOld.(*corev1.Pod)
-		pb, okB := e.ObjectNew.(*corev1.Pod)
-		if !okA || !okB {
-			return true
-		}
-		return !discovery.CompactPod(pa).SameExceptVersion(discovery.CompactPod(pb))
-	}}
-}
-
-// gpuLabelChanged passes node events that can change a gpuType: a new node,
-// or a changed nvidia.com/gpu.product label. The nodes of the informer's
-// first list (or, on a replica that starts leading, the nodes its cache
-// already holds) are not new: each maps to the routes with endpoints on
-// it, which the slice, Service and pod events of the same first lists
-// queue anyway and the initial sync reconciles with the nodes' labels
-// already cached. Mapping them scanned every EndpointSlice once per node
-// (38 MB allocated and about 45,000 route lookups at start-up with 1000
-// routes on 50 nodes) for nothing.
-func gpuLabelChanged() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool { return !e.IsInInitialList },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetLabels()[discovery.GPUProductLabel] != e.ObjectNew.GetLabels()[discovery.GPUProductLabel]
-		},
-		DeleteFunc: func(event.DeleteEvent) bool { return false },
-	}
-}
-
 // configMapHandler re-renders routes on output ConfigMap events (metadata
 // only: the controller does not cache ConfigMaps, see sink's content.go):
 // all referencing routes when it appears, disappears or its
@@ -339,7 +219,7 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			// waits for a write of this ConfigMap in flight and may read
 			// it: not in the informer's goroutine, but in the ConfigMap
 			// queue's (one pass per ConfigMap, however many events).
-			r.cmChanges.add(ref, e.ObjectNew.GetResourceVersion(), q)
+			r.cmChanges.Add(ref, e.ObjectNew.GetResourceVersion(), q)
 		},
 	}
 }

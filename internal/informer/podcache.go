@@ -41,12 +41,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/modelsphere/autoconfig/internal/discovery"
@@ -119,10 +116,12 @@ type PodCacheOptions struct {
 	Idle  time.Duration
 	// Currency is told while a cache is stale (nil: nobody is).
 	Currency *CacheCurrency
-	// Handler gets the pod events of every cache, once the controller
-	// has started Events. The objects are the caches' stored pods, as an
-	// informer gives its handlers: they must not be changed.
-	Handler handler.EventHandler
+	// Selected gets the pod events of every cache that change what
+	// discovery reads (podChanged), Every all of them, once the
+	// controller has started Events (nil: none). The objects are the
+	// caches' stored pods, as an informer gives its handlers: they must
+	// not be changed.
+	Selected, Every handler.EventHandler
 }
 
 // NewPodCaches returns the pod caches of cfg's API server: on a
@@ -137,7 +136,14 @@ func NewPodCaches(cfg *rest.Config, o PodCacheOptions) (*PodCaches, error) {
 		idle = DefaultPodCacheIdle
 	}
 	p := &PodCaches{cfg: cfg, httpClient: hc, inUse: o.InUse, idle: idle, currency: o.Currency}
-	p.events = &podEvents{caches: p, h: o.Handler}
+	h := podHandlers{selected: o.Selected, every: o.Every, changed: podChanged()}
+	if h.selected == nil {
+		h.selected = handler.Funcs{}
+	}
+	if h.every == nil {
+		h.every = handler.Funcs{}
+	}
+	p.events = &podEvents{caches: p, h: h}
 	return p, nil
 }
 
@@ -567,75 +573,6 @@ func (p *PodCaches) Start(ctx context.Context) error {
 		case now := <-t.C:
 			p.sweep(ctx, now)
 		}
-	}
-}
-
-// podEvents is the controller's one source of pod events: every pod cache
-// hands its events to it, and it passes them to the handler with the
-// controller's queue (a source.Informer per cache was a handler with its
-// own goroutines and buffer per cache). The objects are the caches'
-// stored pods, as an informer gives its handlers: they must not be
-// changed.
-type podEvents struct {
-	h handler.EventHandler
-	// caches are replayed to the handlers when the controller starts.
-	caches *PodCaches
-
-	mu  sync.RWMutex
-	q   workqueue.TypedRateLimitingInterface[reconcile.Request]
-	ctx context.Context // the controller's
-}
-
-// Start implements source.Source: the controller starts it when this
-// replica leads. Until then there is no queue and the events go nowhere:
-// the initial sync reconciles every route when the replica starts leading.
-func (s *podEvents) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-	s.mu.Lock()
-	s.q, s.ctx = q, ctx
-	s.mu.Unlock()
-	if s.caches != nil {
-		// The pods of the caches started before, as an informer gives
-		// a handler added late; in the background, as an informer's
-		// handler gets them: the handlers read the manager's cache,
-		// which may not have synced yet.
-		go func() {
-			for _, e := range s.caches.synced() {
-				for _, rec := range e.cache.snapshot() {
-					s.create(rec.Pod())
-				}
-			}
-		}()
-	}
-	return nil
-}
-
-func (s *podEvents) String() string { return "pod caches" }
-
-// target is the controller's context and queue, nil before Start.
-func (s *podEvents) target() (context.Context, workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if s == nil {
-		return nil, nil
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ctx, s.q
-}
-
-func (s *podEvents) create(pod *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Create(ctx, event.CreateEvent{Object: pod}, q)
-	}
-}
-
-func (s *podEvents) update(old, now *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Update(ctx, event.UpdateEvent{ObjectOld: old, ObjectNew: now}, q)
-	}
-}
-
-func (s *podEvents) delete(pod *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Delete(ctx, event.DeleteEvent{Object: pod}, q)
 	}
 }
 
