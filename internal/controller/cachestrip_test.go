@@ -22,7 +22,7 @@ import (
 )
 
 // TestCacheKeepsWhatIsRead: the manager's cache holds EndpointSlices and
-// Services cut down to what the controller reads (CacheOptions: informer.CacheOptions's stripUnread), and a
+// Services cut down to what the controller reads (stripUnread in informer.CacheOptions), and a
 // route that reads every part of them — the Service VIP found by port
 // name among several ports, a canary Service granted by its annotation,
 // the CART, the nginx entry's dispatch port and its consumer pod (the

@@ -103,7 +103,8 @@ type Reconciler struct {
 	fallback *fallbackService
 	// consumers is the consumers' served state (the consumers step).
 	consumers *consumers
-	pods      *informer.PodCaches
+	// pods are the per-selector pod caches (nil: none, previews).
+	pods *informer.PodCaches
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer

@@ -1,7 +1,7 @@
 package controller
 
 // This file: what the controller asks of the pod caches (internal/informer):
-// which caches routes read, and the handler of their events.
+// which caches routes read, and how the steps read them.
 
 import (
 	"context"
