@@ -282,7 +282,7 @@ func runManager(ctx context.Context, o *controllerOptions, log logr.Logger) erro
 		}
 		ready.set("setting up")
 		// Its informers resume their watches by themselves and tell when
-		// they are current after a cut (internal/controller/currency.go).
+		// they are current after a cut (internal/informer/currency.go).
 		caches := controller.NewCacheCurrency()
 		mgr, err = newManager(ctx, cfg, scheme, o, log, caches)
 		if err != nil {

@@ -121,7 +121,7 @@ func waitKeyHolds(t *testing.T, sc *scriptCluster, ns, route, ip string, timeout
 // the replicas swapping roles (the one handed over from restarts as the
 // standby).
 //
-// Before the caches tracked their currency (internal/controller/
+// Before the caches tracked their currency (internal/informer/
 // currency.go), the new leader's initial sync could render the endpoints
 // of its stale cache and write them over the newer ones, in the second or
 // so before its informers had listed again; whether it did in a round

@@ -41,7 +41,7 @@ var (
 	clientGo         = "k8s.io/client-go"
 	controllerRT     = "sigs.k8s.io/controller-runtime"
 	self             = func(p string) string { return module + "/" + p }
-	controlPlanePkgs = []string{self("compiler"), self("schema"), self("internal/controller"), self("internal/discovery"), self("internal/sink"), self("internal/crdgen"), self("internal/celcheck")}
+	controlPlanePkgs = []string{self("compiler"), self("schema"), self("internal/controller"), self("internal/informer"), self("internal/discovery"), self("internal/sink"), self("internal/crdgen"), self("internal/celcheck")}
 )
 
 // rule is one architecture rule: pkg must not link anything deny matches;
@@ -79,6 +79,14 @@ func rules() []rule {
 			why:  "the compiler and the schema both read user YAML through it: the standard library and yaml.v3 only",
 			deny: func(d string) bool { return !std(d) && d != self("schema/yamlscan") && d != "gopkg.in/yaml.v3" },
 			want: "gopkg.in/yaml.v3",
+		},
+		{
+			pkg: "internal/informer",
+			why: "the informer layer keeps the controller's caches current and maps events to routes: internal/controller calls it, it never links the controller, the writer or CUE",
+			deny: func(d string) bool {
+				return d == self("schema") || under(d, self("internal/controller"), self("internal/sink"), cue)
+			},
+			want: clientGo + "/tools/cache",
 		},
 		{
 			pkg:  "schema/v1alpha1",

@@ -22,7 +22,7 @@ import (
 )
 
 // TestCacheKeepsWhatIsRead: the manager's cache holds EndpointSlices and
-// Services cut down to what the controller reads (stripUnread), and a
+// Services cut down to what the controller reads (stripUnread in informer.CacheOptions), and a
 // route that reads every part of them — the Service VIP found by port
 // name among several ports, a canary Service granted by its annotation,
 // the CART, the nginx entry's dispatch port and its consumer pod (the
@@ -129,7 +129,11 @@ func TestCacheKeepsWhatIsRead(t *testing.T) {
 		must(t, err)
 		return s.(client.Object)
 	}
-	stripSvc := func(o client.Object) client.Object { return stripService(o.(*corev1.Service)) }
+	stripSvc := func(o client.Object) client.Object {
+		s, err := CacheOptions(nil).DefaultTransform(o)
+		must(t, err)
+		return s.(client.Object)
+	}
 	var objs []obj
 	for _, k := range []types.NamespacedName{{Namespace: ns, Name: "qwen-1"}, {Namespace: models, Name: "qwen-v2-1"}, {Namespace: ns, Name: "cart-1"}, {Namespace: ns, Name: "entry-1"}} {
 		objs = append(objs, obj{key: k, live: &discoveryv1.EndpointSlice{}, cached: &discoveryv1.EndpointSlice{}, strip: stripSlice})

@@ -29,6 +29,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -85,24 +86,39 @@ func consumerGroups(route *v1alpha1.ModelRoute) []consumerGroup {
 	return out
 }
 
-// consumerPods are the pods ("ns/name") of g: behind its Service (the
+// consumers is the consumers' served state: which of a route's consumer
+// pods serve its current output, from their served reports (the
+// consumers step), and which routes a changed report concerns (podHandler).
+type consumers struct {
+	// client reads the cache.
+	client client.Reader
+	// namespaces are the watched namespaces (empty: all).
+	namespaces []string
+	// routes is what the controller remembers of the routes: what each
+	// last wrote, the parsed reports, the convergence clocks.
+	routes *RouteState
+	// pods reads the consumer pods (their pod caches).
+	pods podReaderFunc
+}
+
+// podsOf are the pods ("ns/name") of g: behind its Service (the
 // targetRef of its EndpointSlices' endpoints) or selected in the route's
 // namespace; not terminating. pr is the pod cache to read them from: the
 // one of the pods the Service's selector (or g's) matches. ok is false
 // when they cannot be read here (a namespace the controller does not
 // watch).
-func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, pr client.Reader, ok bool, err error) {
+func (cs *consumers) podsOf(ctx context.Context, route *v1alpha1.ModelRoute, g consumerGroup) (pods []string, pr client.Reader, ok bool, err error) {
 	if g.service != "" {
 		ns, name, _ := strings.Cut(g.service, "/")
-		if !r.watches(ns) {
+		if !watched(cs.namespaces, ns) {
 			return nil, nil, false, nil
 		}
-		sns, sel, err := r.servicePods(ctx, g.service)
+		sns, sel, err := servicePods(ctx, cs.client, g.service)
 		if err != nil {
 			return nil, nil, false, err
 		}
 		var sl discoveryv1.EndpointSliceList
-		if err := r.Client.List(ctx, &sl, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
+		if err := cs.client.List(ctx, &sl, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
 			return nil, nil, false, fmt.Errorf("list endpointslices of %s: %w", g.service, err)
 		}
 		for i := range sl.Items {
@@ -115,7 +131,7 @@ func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRout
 			}
 		}
 		if len(pods) > 0 {
-			if pr, err = r.podReader(ctx, sns, sel); err != nil {
+			if pr, err = cs.pods(ctx, sns, sel); err != nil {
 				return nil, nil, false, fmt.Errorf("pods of %s: %w", g, err)
 			}
 		}
@@ -124,7 +140,7 @@ func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRout
 		if err != nil {
 			return nil, nil, false, nil // the schema refuses it; nothing to track
 		}
-		if pr, err = r.podReader(ctx, route.Namespace, g.selector); err != nil {
+		if pr, err = cs.pods(ctx, route.Namespace, g.selector); err != nil {
 			return nil, nil, false, fmt.Errorf("pods of %s: %w", g, err)
 		}
 		var pl corev1.PodList
@@ -141,11 +157,6 @@ func (r *Reconciler) consumerPods(ctx context.Context, route *v1alpha1.ModelRout
 	return slices.Compact(pods), pr, true, nil
 }
 
-// watches reports whether the controller caches namespace ns.
-func (r *Reconciler) watches(ns string) bool {
-	return len(r.Namespaces) == 0 || slices.Contains(r.Namespaces, ns)
-}
-
 // reconcileConsumers sets status.consumers, status.synced and Applied: for
 // each consumer pod (consumerGroups) and each of the route's keys in its
 // group's output ConfigMap, whether the pod's served report names the
@@ -154,11 +165,11 @@ func (r *Reconciler) reconcileConsumers(ctx context.Context, st *state) (bool, e
 	if r.preview {
 		return false, nil // reports the consumers, writes nothing
 	}
-	return false, r.consumerStatus(ctx, st)
+	return false, r.consumers.status(ctx, st)
 }
 
 // consumerTally is what the consumer pods of a route report, gathered
-// group by group (consumerStatus) and then summed up in the Applied
+// group by group (consumers.status) and then summed up in the Applied
 // condition (applied).
 type consumerTally struct {
 	consumers []v1alpha1.Consumer
@@ -178,13 +189,13 @@ type consumerTally struct {
 	reports []served.Report
 }
 
-// consumerStatus is reconcileConsumers' work.
-func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
+// status is reconcileConsumers' work.
+func (cs *consumers) status(ctx context.Context, st *state) error {
 	route := st.route
 	key := client.ObjectKeyFromObject(route)
 	t := &consumerTally{current: map[string]string{}, counts: map[string]int{}}
 	for _, g := range consumerGroups(route) {
-		pods, pr, ok, err := r.consumerPods(ctx, route, g)
+		pods, pr, ok, err := cs.podsOf(ctx, route, g)
 		if err != nil {
 			return err
 		}
@@ -194,14 +205,14 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 		}
 		t.groups = append(t.groups, g.String())
 		ids := map[string]string{}
-		for k, sum := range r.Routes.rendered.sumsIn(key, g.configMap) {
+		for k, sum := range cs.routes.rendered.sumsIn(key, g.configMap) {
 			ids[k] = served.IDOfSum(sum)
 			t.current[g.configMap+"\x00"+k] = ids[k]
 		}
 		if len(ids) == 0 {
 			continue
 		}
-		if err := r.tallyPods(ctx, t, g, pr, pods, ids); err != nil {
+		if err := cs.tally(ctx, t, g, pr, pods, ids); err != nil {
 			return err
 		}
 	}
@@ -211,22 +222,22 @@ func (r *Reconciler) consumerStatus(ctx context.Context, st *state) error {
 	route.Status.Consumers = t.consumers
 	st.reports = t.reports
 	if len(t.groups) == 0 {
-		r.Routes.applied.forget(key) // nothing tracked: no series, no clock
+		cs.routes.applied.forget(key) // nothing tracked: no series, no clock
 	} else {
-		r.Routes.applied.setCounts(key, t.counts)
-		r.Routes.applied.changed(key, t.current, st.started)
+		cs.routes.applied.setCounts(key, t.counts)
+		cs.routes.applied.changed(key, t.current, st.started)
 	}
 	slices.Sort(t.keys)
 	t.keys = slices.Compact(t.keys)
 	if t.applied(route) {
-		r.Routes.applied.converged(key, t.current, time.Now())
+		cs.routes.applied.converged(key, t.current, time.Now())
 	}
 	return nil
 }
 
-// tallyPods adds what each of a group's pods (read through pr) serves of
+// tally adds what each of a group's pods (read through pr) serves of
 // ids (the route's keys in the group's ConfigMap → the ID last written).
-func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumerGroup, pr client.Reader, pods []string, ids map[string]string) error {
+func (cs *consumers) tally(ctx context.Context, t *consumerTally, g consumerGroup, pr client.Reader, pods []string, ids map[string]string) error {
 	keys := slices.Sorted(maps.Keys(ids))
 	t.keys = append(t.keys, keys...)
 	for _, p := range pods {
@@ -238,7 +249,7 @@ func (r *Reconciler) tallyPods(ctx context.Context, t *consumerTally, g consumer
 			}
 			return fmt.Errorf("get consumer pod %s: %w", p, err)
 		}
-		rep, has, err := r.Routes.reports.of(&pod)
+		rep, has, err := cs.routes.reports.of(&pod)
 		if err != nil {
 			ctrl.LoggerFrom(ctx).Info("ignoring a consumer pod's unreadable served report", "pod", p, "err", err.Error())
 		}
@@ -414,17 +425,17 @@ func (a *appliedTracker) forget(key types.NamespacedName) {
 	}
 }
 
-// consumerPodHandler re-reconciles the routes a consumer pod's served
+// podHandler re-reconciles the routes a consumer pod's served
 // report concerns when it changes: the routes whose keys changed in it,
 // among those whose spec.nginx.service has the pod behind it.
-func (r *Reconciler) consumerPodHandler() handler.EventHandler {
+func (cs *consumers) podHandler() handler.EventHandler {
 	enqueue := func(ctx context.Context, pod client.Object, keys map[string]bool, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		// The slices of the pod's namespace that point to it. Not an
 		// index: one of every slice's pods cost 6 MB at 10,000 pods in the
 		// scale benchmark, for the few consumer pods; a report changes
 		// once per reload.
 		var all discoveryv1.EndpointSliceList
-		if err := r.Client.List(ctx, &all, client.InNamespace(pod.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
+		if err := cs.client.List(ctx, &all, client.InNamespace(pod.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 			return
 		}
 		me := pod.GetNamespace() + "/" + pod.GetName()
@@ -437,7 +448,7 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 		seen := map[types.NamespacedName]bool{}
 		for i := range sl.Items {
 			svc := sl.Items[i].Labels[discoveryv1.LabelServiceName]
-			for _, rt := range r.routesBy(ctx, discovery.IndexRouteService, sl.Items[i].Namespace+"/"+svc) {
+			for _, rt := range informer.RoutesBy(ctx, cs.client, discovery.IndexRouteService, sl.Items[i].Namespace+"/"+svc) {
 				k := client.ObjectKeyFromObject(&rt)
 				if seen[k] {
 					continue
@@ -446,7 +457,7 @@ func (r *Reconciler) consumerPodHandler() handler.EventHandler {
 					if g.service != sl.Items[i].Namespace+"/"+svc {
 						continue
 					}
-					if keys != nil && !slices.ContainsFunc(r.Routes.rendered.keysIn(k, g.configMap), func(key string) bool { return keys[key] }) {
+					if keys != nil && !slices.ContainsFunc(cs.routes.rendered.keysIn(k, g.configMap), func(key string) bool { return keys[key] }) {
 						continue
 					}
 					seen[k] = true

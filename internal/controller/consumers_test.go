@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -123,7 +124,7 @@ func TestAppliedFollowsTheConsumersReports(t *testing.T) {
 	}
 	// The consumer pods are read from the cache of the pods the Service
 	// selects.
-	if got, want := h.r.pods.running(), []podKey{{ns, "app=openresty"}}; !slices.Equal(got, want) {
+	if got, want := h.r.pods.Running(), []informer.PodKey{{Namespace: ns, Selector: "app=openresty"}}; !slices.Equal(got, want) {
 		t.Fatalf("pod caches %v, want %v", got, want)
 	}
 
@@ -186,7 +187,7 @@ func TestAppliedTracksSelectedConsumerPods(t *testing.T) {
 	reportServed(t, ns, "entry-1", key, v1)
 	waitApplied(t, ns, "m", metav1.ConditionTrue, ReasonSynced, "2/2")
 	got := cachedPods(t, h.r.pods)
-	if want := []string{ns + "/entry-0", ns + "/entry-1"}; len(got) != 1 || !slices.Equal(got[podKey{ns, "app in (entry)"}], want) {
+	if want := []string{ns + "/entry-0", ns + "/entry-1"}; len(got) != 1 || !slices.Equal(got[informer.PodKey{Namespace: ns, Selector: "app in (entry)"}], want) {
 		t.Fatalf("pod caches hold %v, want only the entry pods %v", got, want)
 	}
 }

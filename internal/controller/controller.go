@@ -28,6 +28,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/sink"
@@ -81,14 +82,14 @@ type Reconciler struct {
 	// reconciles (nil = a new one).
 	Routes *RouteState
 
-	// Caches, when set, built every informer (CacheCurrency.NewInformer):
+	// Caches, when set, built every informer (informer.CacheCurrency):
 	// reconciles wait while one is not current, and every route is queued
 	// when they are current again after a cut.
-	Caches *CacheCurrency
+	Caches *informer.CacheCurrency
 
 	// PodCacheIdle is how long a pod cache (one per namespace and
 	// selector) outlives the last route reading it (0 =
-	// DefaultPodCacheIdle).
+	// informer.DefaultPodCacheIdle).
 	PodCacheIdle time.Duration
 
 	// out writes (or, previewing, pretends to write) the routes' keys.
@@ -98,11 +99,16 @@ type Reconciler struct {
 	preview bool
 
 	discovery *discovery.Reader
-	pods      *podCaches
+	// fallback is the FailOpen selector routes' fallback Service.
+	fallback *fallbackService
+	// consumers is the consumers' served state (the consumers step).
+	consumers *consumers
+	// pods are the per-selector pod caches (nil: none, previews).
+	pods *informer.PodCaches
 	// sink is out when it is the real writer (ConfigMap events ask it
 	// what changed).
 	sink      *sink.Writer
-	cmChanges *configMapChanges
+	cmChanges *informer.ConfigMapChanges
 	// initial is the initial sync the workers wait for (nil: none).
 	initial *initialSync
 	// scaler wakes and idles scale-to-zero targets (scaletozero.go).

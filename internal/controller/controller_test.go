@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -174,7 +175,7 @@ func TestSelectorMode(t *testing.T) {
 	waitKey(t, ns, "routes", routeKey("ds"), []string{host("10.4.0.1"), host("10.4.0.2"), host("10.4.0.3")}, nil)
 
 	// The node's GPU label changes: the node's selected pods lead to the
-	// route (mapNode), which renders the new GPU type.
+	// route (informer.Routes.MapNode), which renders the new GPU type.
 	var n corev1.Node
 	must(t, k8s.Get(context.Background(), client.ObjectKey{Name: "gpu-1"}, &n))
 	n.Labels["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-80GB"
@@ -648,7 +649,7 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 	pod(t, svcNS, "unread", map[string]string{"app": "m"}, "10.7.0.9", true, 8000)
 	createRoute(t, newRoute(svcNS, "m", "m"))
 	waitCondition(t, svcNS, "m", metav1.ConditionTrue, ReasonReconciled)
-	if got := h.r.pods.running(); len(got) != 0 {
+	if got := h.r.pods.Running(); len(got) != 0 {
 		t.Fatalf("pod caches %v with only a Service-discovery route, want none", got)
 	}
 
@@ -659,13 +660,13 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 	}
 	createRoute(t, selRoute())
 	waitKey(t, selNS, "routes", routeKey("sel"), []string{host("10.7.1.1")}, nil)
-	if got, want := h.r.pods.running(), []podKey{{selNS, "app=sel"}}; !slices.Equal(got, want) {
+	if got, want := h.r.pods.Running(), []informer.PodKey{{Namespace: selNS, Selector: "app=sel"}}; !slices.Equal(got, want) {
 		t.Fatalf("pod caches %v, want only %v", got, want)
 	}
 
 	must(t, k8s.Delete(context.Background(), getRoute(t, selNS, "sel")))
 	eventually(t, "the pod cache to stop", func() (bool, string) {
-		got := h.r.pods.running()
+		got := h.r.pods.Running()
 		return len(got) == 0, fmt.Sprint(got)
 	})
 
@@ -677,7 +678,7 @@ func TestPodsCachedOnlyWhereRoutesSelectThem(t *testing.T) {
 }
 
 // TestNodeGPULabelByService: a node's GPU label changes under a Service
-// route's endpoints (mapNode finds the slices with an endpoint on the
+// route's endpoints (informer.Routes.MapNode finds the slices with an endpoint on the
 // node), and a node created after the start with the route's endpoints on
 // it is rendered with its GPU type.
 func TestNodeGPULabelByService(t *testing.T) {

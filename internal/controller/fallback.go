@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -134,21 +135,35 @@ func fallbackSelector(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// reconcileFallback is the reconcile step around reconcileFallbackService;
+// fallbackService is the fallback Service of the FailOpen selector routes:
+// the fallback step (reconcileFallback) reconciles or previews it, the
+// finalizer cleans it up.
+type fallbackService struct {
+	// client reads through the cache and writes (server-side apply).
+	client client.Client
+	// apiReader reads around the cache (nil: client).
+	apiReader client.Reader
+	// recorder emits the conflict's events (nil: none).
+	recorder events.EventRecorder
+	// pods reads the selected pods (the port).
+	pods podReaderFunc
+}
+
+// reconcileFallback is the reconcile step around fallbackService.reconcile;
 // it runs before discovery so a switch away from FailOpen cleans up even
 // while the route has no backends.
 func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, error) {
 	if r.preview {
-		vip, err := r.previewFallback(ctx, st)
+		vip, err := r.fallback.preview(ctx, st)
 		st.fallback = vip
 		return false, err
 	}
-	vip, err := r.reconcileFallbackService(ctx, st.route, st.spec)
+	vip, err := r.fallback.reconcile(ctx, st.route, st.spec)
 	st.fallback = vip
 	return false, err
 }
 
-// reconcileFallbackService makes the route's fallback Service match its
+// reconcile makes the route's fallback Service match its
 // spec and returns the VIP to use for the backend-svc tier (nil = none):
 //
 //   - not FailOpen+selector: delete the Service if this route controls it;
@@ -161,30 +176,30 @@ func (r *Reconciler) reconcileFallback(ctx context.Context, st *state) (bool, er
 //
 // route is the live object (its status conditions are updated; the
 // caller's deferred status patch writes them); spec is the validated copy.
-func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *v1alpha1.ModelRoute) (*compiler.ServiceVIP, error) {
+func (f *fallbackService) reconcile(ctx context.Context, route, spec *v1alpha1.ModelRoute) (*compiler.ServiceVIP, error) {
 	log := ctrl.LoggerFrom(ctx)
 	key := client.ObjectKey{Namespace: route.Namespace, Name: FallbackServiceName(route.Name)}
 	if !wantsFallback(spec) {
-		r.clearFallbackConflict(route)
-		return nil, r.cleanupFallbackService(ctx, route)
+		clearFallbackConflict(route)
+		return nil, f.cleanup(ctx, route)
 	}
 	selector, err := fallbackSelector(spec.Spec.Discovery.Selector)
 	if err != nil {
-		r.markFallbackConflict(route, ReasonSelectorNotExpressible, fmt.Sprintf(
+		f.markConflict(route, ReasonSelectorNotExpressible, fmt.Sprintf(
 			"no fallback Service for FailOpen: %v; the route renders no static Service VIP tier", err))
 		return nil, nil
 	}
-	port, err := r.fallbackPort(ctx, spec)
+	port, err := f.port(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 
 	var svc corev1.Service
-	err = r.Client.Get(ctx, key, &svc)
-	if apierrors.IsNotFound(err) && r.APIReader != nil {
+	err = f.client.Get(ctx, key, &svc)
+	if apierrors.IsNotFound(err) && f.apiReader != nil {
 		// The cache may lag a Service just created by someone else: ask
 		// the API server before an apply that would create ours.
-		err = r.APIReader.Get(ctx, key, &svc)
+		err = f.apiReader.Get(ctx, key, &svc)
 	}
 	var uid types.UID // apply precondition: the Service this route controls
 	switch {
@@ -192,13 +207,13 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		if port == 0 {
 			// No pod yet (or ports ambiguous, which discovery reports):
 			// pods are watched, so their arrival brings us back.
-			r.clearFallbackConflict(route)
+			clearFallbackConflict(route)
 			return nil, nil
 		}
 	case err != nil:
 		return nil, fmt.Errorf("get fallback service %s: %w", key, err)
 	case !metav1.IsControlledBy(&svc, route):
-		r.markFallbackConflict(route, ReasonServiceNotOwned, fmt.Sprintf(
+		f.markConflict(route, ReasonServiceNotOwned, fmt.Sprintf(
 			"Service %s exists and is not controlled by this route; autoconfig never modifies it, so the FailOpen route renders no static Service VIP tier. Delete or rename that Service to let autoconfig create its own", key))
 		return nil, nil
 	default:
@@ -207,7 +222,7 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		}
 		uid = svc.UID
 	}
-	want, err := r.fallbackApply(key, route, selector, port, uid)
+	want, err := f.applyConfig(key, route, selector, port, uid)
 	if err != nil {
 		return nil, err
 	}
@@ -215,16 +230,16 @@ func (r *Reconciler) reconcileFallbackService(ctx context.Context, route, spec *
 		verb := "update"
 		if uid == "" {
 			verb = "create"
-		} else if err := r.upgradeFallbackFields(ctx, key); err != nil {
-			return nil, r.fallbackWriteError(route, key, verb, err)
+		} else if err := f.upgradeFields(ctx, key); err != nil {
+			return nil, f.writeError(route, key, verb, err)
 		}
-		applied, err := r.applyFallback(ctx, want)
+		applied, err := f.apply(ctx, want)
 		if err != nil {
-			return nil, r.fallbackWriteError(route, key, verb, err)
+			return nil, f.writeError(route, key, verb, err)
 		}
 		log.Info(verb+"d fallback service", "service", key.String(), "port", port, "selector", selector)
 		svc = *applied
 	}
-	r.clearFallbackConflict(route)
+	clearFallbackConflict(route)
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
 }

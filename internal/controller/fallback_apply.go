@@ -27,15 +27,15 @@ import (
 // Services.
 const FieldOwner = Name
 
-// fallbackApply is the apply configuration of the route's fallback Service:
+// applyConfig is the apply configuration of the route's fallback Service:
 // exactly the fields this route decides (labels, annotation, controller
 // reference, type, selector, port); the API server keeps the rest
 // (clusterIP, others' labels). A non-empty uid makes the apply fail unless
 // it reaches that Service (the one the route controls), and an apply
 // without one creates it; ownership is forced, as the route controls the
 // Service and its fields must follow the spec.
-func (r *Reconciler) fallbackApply(key client.ObjectKey, route *v1alpha1.ModelRoute, selector map[string]string, port int32, uid types.UID) (*corev1ac.ServiceApplyConfiguration, error) {
-	gvk, err := apiutil.GVKForObject(route, r.Client.Scheme())
+func (f *fallbackService) applyConfig(key client.ObjectKey, route *v1alpha1.ModelRoute, selector map[string]string, port int32, uid types.UID) (*corev1ac.ServiceApplyConfiguration, error) {
+	gvk, err := apiutil.GVKForObject(route, f.client.Scheme())
 	if err != nil {
 		return nil, fmt.Errorf("own fallback service: %w", err)
 	}
@@ -56,10 +56,10 @@ func (r *Reconciler) fallbackApply(key client.ObjectKey, route *v1alpha1.ModelRo
 	return svc, nil
 }
 
-// applyFallback applies want (server-side apply, field owner FieldOwner)
+// apply applies want (server-side apply, field owner FieldOwner)
 // and returns the Service as the API server now has it.
-func (r *Reconciler) applyFallback(ctx context.Context, want *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
-	if err := r.Client.Apply(ctx, want, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+func (f *fallbackService) apply(ctx context.Context, want *corev1ac.ServiceApplyConfiguration) (*corev1.Service, error) {
+	if err := f.client.Apply(ctx, want, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return nil, err
 	}
 	b, err := json.Marshal(want) // the API server's answer
@@ -86,16 +86,16 @@ func appliedFallback(svc *corev1.Service, want *corev1ac.ServiceApplyConfigurati
 	})
 }
 
-// upgradeFallbackFields hands the fields an earlier autoconfig wrote with
+// upgradeFields hands the fields an earlier autoconfig wrote with
 // create/update (manager FieldOwner, operation Update) to the apply
 // manager, so an apply can also remove them: otherwise a changed port would
 // be added next to the old one instead of replacing it. It reads the live
 // Service (the cache holds no managed fields) and patches only when there is
 // something to hand over (once per Service).
-func (r *Reconciler) upgradeFallbackFields(ctx context.Context, key client.ObjectKey) error {
-	var reader client.Reader = r.Client
-	if r.APIReader != nil {
-		reader = r.APIReader
+func (f *fallbackService) upgradeFields(ctx context.Context, key client.ObjectKey) error {
+	var reader client.Reader = f.client
+	if f.apiReader != nil {
+		reader = f.apiReader
 	}
 	var svc corev1.Service
 	if err := reader.Get(ctx, key, &svc); err != nil {
@@ -105,5 +105,5 @@ func (r *Reconciler) upgradeFallbackFields(ctx context.Context, key client.Objec
 	if err != nil || patch == nil {
 		return err
 	}
-	return r.Client.Patch(ctx, &svc, client.RawPatch(types.JSONPatchType, patch))
+	return f.client.Patch(ctx, &svc, client.RawPatch(types.JSONPatchType, patch))
 }

@@ -17,31 +17,31 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// fallbackWriteError turns a forbidden write into the condition (retrying
+// writeError turns a forbidden write into the condition (retrying
 // cannot grant RBAC; the next event on the route retries) and passes other
 // errors on for the workqueue's backoff.
-func (r *Reconciler) fallbackWriteError(route *v1alpha1.ModelRoute, key client.ObjectKey, verb string, err error) error {
+func (f *fallbackService) writeError(route *v1alpha1.ModelRoute, key client.ObjectKey, verb string, err error) error {
 	if apierrors.IsForbidden(err) {
-		r.markFallbackConflict(route, ReasonServiceNotPermitted, fmt.Sprintf(
+		f.markConflict(route, ReasonServiceNotPermitted, fmt.Sprintf(
 			"cannot %s fallback Service %s: %v; grant services create/patch/delete (Helm value failOpen.manageFallbackServices: true) or discover the backends by Service", verb, key, err))
 		return nil
 	}
 	return fmt.Errorf("%s fallback service %s: %w", verb, key, err)
 }
 
-// cleanupFallbackService deletes the route's fallback Service if the route
+// cleanup deletes the route's fallback Service if the route
 // controls it (route deleted, or no longer FailOpen+selector); a foreign
 // Service of that name is left alone. Called by the finalizer too.
-func (r *Reconciler) cleanupFallbackService(ctx context.Context, route *v1alpha1.ModelRoute) error {
+func (f *fallbackService) cleanup(ctx context.Context, route *v1alpha1.ModelRoute) error {
 	key := client.ObjectKey{Namespace: route.Namespace, Name: FallbackServiceName(route.Name)}
 	var svc corev1.Service
-	if err := r.Client.Get(ctx, key, &svc); err != nil {
+	if err := f.client.Get(ctx, key, &svc); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	if !metav1.IsControlledBy(&svc, route) {
 		return nil
 	}
-	err := r.Client.Delete(ctx, &svc, client.Preconditions{UID: &svc.UID})
+	err := f.client.Delete(ctx, &svc, client.Preconditions{UID: &svc.UID})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil // gone, or replaced by someone else's object
 	}
@@ -56,17 +56,18 @@ func (r *Reconciler) cleanupFallbackService(ctx context.Context, route *v1alpha1
 	return nil
 }
 
-// markFallbackConflict sets the condition and emits a Warning event when
+// markConflict sets the condition and emits a Warning event when
 // the condition appears or changes reason (transitions, not every
 // reconcile).
-func (r *Reconciler) markFallbackConflict(route *v1alpha1.ModelRoute, reason, msg string) {
+func (f *fallbackService) markConflict(route *v1alpha1.ModelRoute, reason, msg string) {
 	before := meta.FindStatusCondition(route.Status.Conditions, TypeFallbackServiceConflict)
 	setCondition(route, TypeFallbackServiceConflict, metav1.ConditionTrue, reason, msg)
-	if r.Recorder != nil && (before == nil || before.Status != metav1.ConditionTrue || before.Reason != reason) {
-		r.Recorder.Eventf(route, nil, corev1.EventTypeWarning, TypeFallbackServiceConflict, "FallbackService", "%s", msg)
+	if f.recorder != nil && (before == nil || before.Status != metav1.ConditionTrue || before.Reason != reason) {
+		f.recorder.Eventf(route, nil, corev1.EventTypeWarning, TypeFallbackServiceConflict, "FallbackService", "%s", msg)
 	}
 }
 
-func (r *Reconciler) clearFallbackConflict(route *v1alpha1.ModelRoute) {
+// clearFallbackConflict removes the condition.
+func clearFallbackConflict(route *v1alpha1.ModelRoute) {
 	meta.RemoveStatusCondition(&route.Status.Conditions, TypeFallbackServiceConflict)
 }

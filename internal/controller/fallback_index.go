@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -33,10 +32,4 @@ func SetupFallbackIndex(ctx context.Context, idx client.FieldIndexer) error {
 		return fmt.Errorf("index %s: %w", IndexRouteFallbackService, err)
 	}
 	return nil
-}
-
-// mapFallbackService maps a Service event to the selector routes whose
-// fallback Service has that name.
-func (r *Reconciler) mapFallbackService(ctx context.Context, o client.Object) []reconcile.Request {
-	return requests(r.routesBy(ctx, IndexRouteFallbackService, o.GetNamespace()+"/"+o.GetName()))
 }

@@ -14,11 +14,11 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// fallbackPort is spec.discovery.port, else the one TCP containerPort the
+// port is spec.discovery.port, else the one TCP containerPort the
 // selected pods declare (discovery.DerivePort, the rule discovery uses; pods
 // without an IP count too: the Service selects them as well). 0 = not
 // derivable yet.
-func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRoute) (int32, error) {
+func (f *fallbackService) port(ctx context.Context, route *v1alpha1.ModelRoute) (int32, error) {
 	d := route.Spec.Discovery
 	if d.Port != 0 {
 		return d.Port, nil
@@ -27,7 +27,7 @@ func (r *Reconciler) fallbackPort(ctx context.Context, route *v1alpha1.ModelRout
 	if err != nil {
 		return 0, nil
 	}
-	reader, err := r.podReader(ctx, route.Namespace, d.Selector)
+	reader, err := f.pods(ctx, route.Namespace, d.Selector)
 	if err != nil {
 		return 0, err
 	}

@@ -26,7 +26,7 @@ import (
 type fbEnv struct {
 	ns    string
 	route *v1alpha1.ModelRoute
-	r     *Reconciler
+	r     *fallbackService
 }
 
 func newFallbackEnv(t *testing.T, name string) *fbEnv {
@@ -53,12 +53,12 @@ func newFallbackEnv(t *testing.T, name string) *fbEnv {
 	stop := make(chan struct{})
 	b.StartRecordingToSink(stop)
 	t.Cleanup(func() { close(stop); b.Shutdown() })
-	return &fbEnv{ns: ns.Name, route: route, r: &Reconciler{Client: k8s, Recorder: b.NewRecorder(testScheme, Name)}}
+	return &fbEnv{ns: ns.Name, route: route, r: &fallbackService{client: k8s, recorder: b.NewRecorder(testScheme, Name), pods: podReader(nil, k8s)}}
 }
 
 func (e *fbEnv) reconcile(t *testing.T) (ip string, port int32) {
 	t.Helper()
-	vip, err := e.r.reconcileFallbackService(context.Background(), e.route, e.route)
+	vip, err := e.r.reconcile(context.Background(), e.route, e.route)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestFallbackServiceLifecycle(t *testing.T) {
 	if e.svc(t) == nil {
 		t.Fatal("not recreated after switching back to FailOpen")
 	}
-	if err := e.r.cleanupFallbackService(ctx, e.route); err != nil {
+	if err := e.r.cleanup(ctx, e.route); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the Service deleted with the route", func() (bool, string) { return e.svc(t) == nil, "still there" })
@@ -214,7 +214,7 @@ func TestFallbackServiceForeign(t *testing.T) {
 	// nor by the finalizer path.
 	e.route.Spec.FailureMode = v1alpha1.FailClose
 	e.reconcile(t)
-	if err := e.r.cleanupFallbackService(ctx, e.route); err != nil {
+	if err := e.r.cleanup(ctx, e.route); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.svc(t); s == nil || s.ResourceVersion != rv || s.Spec.Selector["app"] != "other" {

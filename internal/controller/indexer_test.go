@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -33,7 +34,7 @@ func TestIndexValuesOnce(t *testing.T) {
 			defer h.stop()
 			ctx := context.Background()
 			eventually(t, "the route found by its Service", func() (bool, string) {
-				got := h.r.routesBy(ctx, discovery.IndexRouteService, ns+"/svc")
+				got := informer.RoutesBy(ctx, h.r.Client, discovery.IndexRouteService, ns+"/svc")
 				return len(got) == 1 && got[0].Name == "r", fmt.Sprint(len(got))
 			})
 			eventually(t, "the slice found by its Service in its namespace", func() (bool, string) {

@@ -21,7 +21,7 @@ import (
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// reconcileOutputs writes the outputs the route may write (writeGuard),
+// reconcileOutputs writes the outputs the route may write (keyGuard.write),
 // removes keys it no longer renders (only ones with its own mark) and
 // records what it holds and what is in its way. With nothing to render it
 // only checks (checkOutputs).
@@ -36,8 +36,9 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 		return false, r.checkOutputs(ctx, st)
 	}
 	key := client.ObjectKeyFromObject(st.route)
-	guard := r.writeGuard(ctx, st.route) // before status.outputs changes below
-	st.result.Outputs = r.dropUnsafeMonitor(ctx, st, st.result.Outputs)
+	owners := keyGuard{client: r.Client, trusted: r.TrustedNamespaces}
+	guard := owners.write(ctx, st.route) // before status.outputs changes below
+	st.result.Outputs = owners.dropUnsafeMonitor(ctx, st, st.result.Outputs)
 	now := map[string][]string{}
 	for _, o := range st.result.Outputs {
 		now[o.ConfigMap] = append(now[o.ConfigMap], o.Key)
@@ -104,14 +105,15 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 // reported at once. ConfigMaps in unwatched namespaces are skipped (they
 // are reported already).
 func (r *Reconciler) checkOutputs(ctx context.Context, st *state) error {
-	r.dropUnsafeMonitor(ctx, st, nil) // only its problem: nothing is written here
+	owners := keyGuard{client: r.Client, trusted: r.TrustedNamespaces}
+	owners.dropUnsafeMonitor(ctx, st, nil) // only its problem: nothing is written here
 	keys := map[string][]string{}
 	for _, k := range compiler.OutputKeys(compilerRoute(st.route)) {
 		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !st.unwatched[ns] {
 			keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
 		}
 	}
-	outcomes, err := r.out.Check(ctx, st.route.Namespace, keys, r.writeGuard(ctx, st.route))
+	outcomes, err := r.out.Check(ctx, st.route.Namespace, keys, owners.write(ctx, st.route))
 	if err != nil {
 		return fmt.Errorf("check outputs: %w", err)
 	}
@@ -219,7 +221,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 		return fmt.Errorf("remove route keys: %w", err)
 	}
 	ctrl.LoggerFrom(ctx).Info("removed route keys", "outcomes", fmt.Sprint(outcomes))
-	if err := r.cleanupFallbackService(ctx, route); err != nil {
+	if err := r.fallback.cleanup(ctx, route); err != nil {
 		return err
 	}
 	orig := route.DeepCopy()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -65,14 +66,22 @@ func SetupOwnershipIndex(ctx context.Context, idx client.FieldIndexer) error {
 	})
 }
 
+// keyGuard decides who may write a key: the ownership marks in the
+// ConfigMap's content and the routes' claims (the file comment), read
+// through client; trusted are the --trusted-namespace values.
+type keyGuard struct {
+	client  client.Reader
+	trusted []string
+}
+
 // nginxConfigMapUser returns a route (ns/name) whose nginx output is cm,
 // preferring route itself ("" = none): openresty includes every *.conf key
 // of that ConfigMap, so a monitor file must never go there.
-func (r *Reconciler) nginxConfigMapUser(ctx context.Context, route *v1alpha1.ModelRoute, cm string) string {
+func (g keyGuard) nginxConfigMapUser(ctx context.Context, route *v1alpha1.ModelRoute, cm string) string {
 	if compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.OutputConfigMap) == cm {
 		return compiler.OwnerRef(route.Namespace, route.Name)
 	}
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, cm) {
+	for _, rt := range informer.RoutesBy(ctx, g.client, discovery.IndexRouteConfigMap, cm) {
 		if rt.DeletionTimestamp.IsZero() && compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.OutputConfigMap) == cm {
 			return compiler.OwnerRef(rt.Namespace, rt.Name)
 		}
@@ -83,13 +92,13 @@ func (r *Reconciler) nginxConfigMapUser(ctx context.Context, route *v1alpha1.Mod
 // dropUnsafeMonitor removes the monitor output when its ConfigMap is an
 // nginx output ConfigMap (of this route or another), and says so. A
 // monitor key the route wrote there before is then removed as stale.
-func (r *Reconciler) dropUnsafeMonitor(ctx context.Context, st *state, outputs []compiler.Output) []compiler.Output {
+func (g keyGuard) dropUnsafeMonitor(ctx context.Context, st *state, outputs []compiler.Output) []compiler.Output {
 	mon := st.route.Spec.Monitor
 	if mon == nil {
 		return outputs
 	}
 	cm := compiler.ResolveRef(compilerRoute(st.route), mon.OutputConfigMap)
-	user := r.nginxConfigMapUser(ctx, st.route, cm)
+	user := g.nginxConfigMapUser(ctx, st.route, cm)
 	if user == "" {
 		return outputs
 	}
@@ -143,8 +152,8 @@ func (e *ForeignError) Error() string {
 		e.Key, e.ConfigMap, AdoptForeignKeysAnnotation, e.Field)
 }
 
-// writeGuard decides per key whether route may write it (package comment).
-func (r *Reconciler) writeGuard(ctx context.Context, route *v1alpha1.ModelRoute) sink.Guard {
+// write decides per key whether route may write it (package comment).
+func (g keyGuard) write(ctx context.Context, route *v1alpha1.ModelRoute) sink.Guard {
 	me := compiler.OwnerRef(route.Namespace, route.Name)
 	fields := map[string]string{}
 	for _, k := range compiler.OutputKeysFor(compilerRoute(route), true) {
@@ -161,7 +170,7 @@ func (r *Reconciler) writeGuard(ctx context.Context, route *v1alpha1.ModelRoute)
 			case c.Owner == me:
 				return nil
 			case c.Owner != "":
-				if alive, err := r.claims(ctx, c.Owner, cm, key); err != nil || alive {
+				if alive, err := g.claims(ctx, c.Owner, cm, key); err != nil || alive {
 					return &ConflictError{ConfigMap: ref, Key: key, Owner: c.Owner, Holds: true, Field: field}
 				}
 				// the owner is gone: the key is up for claims
@@ -172,7 +181,7 @@ func (r *Reconciler) writeGuard(ctx context.Context, route *v1alpha1.ModelRoute)
 				return &ForeignError{ConfigMap: ref, Key: key, Field: field}
 			}
 		}
-		if first := r.firstClaimant(ctx, route, cm, key); first != me {
+		if first := g.firstClaimant(ctx, route, cm, key); first != me {
 			return &ConflictError{ConfigMap: ref, Key: key, Owner: first, Field: field}
 		}
 		return nil
@@ -196,19 +205,19 @@ func removeGuard(route *v1alpha1.ModelRoute) sink.Guard {
 // claims says whether the route named ref (ns/name) exists, is not being
 // deleted, renders key into cm and may write cm. A read error other than
 // not-found is returned (the caller then keeps the owner).
-func (r *Reconciler) claims(ctx context.Context, ref string, cm *corev1.ConfigMap, key string) (bool, error) {
+func (g keyGuard) claims(ctx context.Context, ref string, cm *corev1.ConfigMap, key string) (bool, error) {
 	ns, name, ok := strings.Cut(ref, "/")
 	if !ok {
 		return false, nil
 	}
 	var rt v1alpha1.ModelRoute
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt); err != nil {
+	if err := g.client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rt); err != nil {
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
 		return false, err
 	}
-	return claimant(&rt, cm, key, r.TrustedNamespaces), nil
+	return claimant(&rt, cm, key, g.trusted), nil
 }
 
 // claimant: rt is live, renders key into cm, and may write cm.
@@ -220,10 +229,10 @@ func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string, trusted
 // firstClaimant is the route (ns/name) with the best claim on an unowned
 // key: the oldest live claimant, then by namespace/name. route counts as a
 // claimant even before the cache has it.
-func (r *Reconciler) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) string {
+func (g keyGuard) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) string {
 	best := route
-	for _, rt := range r.routesBy(ctx, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
-		if rt.UID == route.UID || !claimant(&rt, cm, key, r.TrustedNamespaces) {
+	for _, rt := range informer.RoutesBy(ctx, g.client, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
+		if rt.UID == route.UID || !claimant(&rt, cm, key, g.trusted) {
 			continue
 		}
 		if older(&rt, best) {

@@ -3,10 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
-	"os"
-	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,19 +13,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/modelsphere/autoconfig/internal/testbin"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // cachedPods are the pods ("ns/name", sorted) each running pod cache
 // holds (a List of the cache without selector: its informer's whole
 // store), what the controller keeps in memory.
-func cachedPods(t testing.TB, p *podCaches) map[podKey][]string {
+func cachedPods(t testing.TB, p *informer.PodCaches) map[informer.PodKey][]string {
 	t.Helper()
-	out := map[podKey][]string{}
-	for k, e := range p.synced() {
+	out := map[informer.PodKey][]string{}
+	for k, c := range p.Synced() {
 		var l corev1.PodList
-		if err := e.cache.List(context.Background(), &l, client.UnsafeDisableDeepCopy); err != nil {
+		if err := c.List(context.Background(), &l, client.UnsafeDisableDeepCopy); err != nil {
 			t.Fatalf("pod cache %s: %v", k, err)
 		}
 		keys := []string{}
@@ -141,26 +138,26 @@ func TestPodCacheHoldsOnlySelectedPods(t *testing.T) {
 
 	createRoute(t, selRoute("a", "app=sel,tier in (a)"))
 	waitKey(t, ns, "routes", routeKey("a"), sel5, others)
-	keyA := podKey{ns, "app=sel,tier in (a)"}
+	keyA := informer.PodKey{Namespace: ns, Selector: "app=sel,tier in (a)"}
 	if got := cachedPods(t, h.r.pods); len(got) != 1 || !slices.Equal(got[keyA], want) {
 		t.Fatalf("pod caches hold %v, want only %s with the 5 selected pods %v", got, keyA, want)
 	}
-	first := h.r.pods.synced()[keyA].cache
+	first := h.r.pods.Synced()[keyA]
 
 	// The same selector, written otherwise: the same cache.
 	createRoute(t, selRoute("b", "tier in (a), app = sel"))
 	waitKey(t, ns, "routes", routeKey("b"), sel5, others)
-	if got := h.r.pods.running(); !slices.Equal(got, []podKey{keyA}) {
+	if got := h.r.pods.Running(); !slices.Equal(got, []informer.PodKey{keyA}) {
 		t.Fatalf("pod caches %v, want only %s (shared)", got, keyA)
 	}
-	if h.r.pods.synced()[keyA].cache != first {
+	if h.r.pods.Synced()[keyA] != first {
 		t.Fatal("the second route with the same selector started another pod cache")
 	}
 
 	// Another selector (set-based), another cache: with its pods only.
 	createRoute(t, selRoute("c", "tier in (b,c)"))
 	waitKey(t, ns, "routes", routeKey("c"), others, sel5)
-	keyC := podKey{ns, "tier in (b,c)"}
+	keyC := informer.PodKey{Namespace: ns, Selector: "tier in (b,c)"}
 	got := cachedPods(t, h.r.pods)
 	if len(got) != 2 || !slices.Equal(got[keyA], want) || !slices.Equal(got[keyC], []string{ns + "/other-c", ns + "/sel-b"}) {
 		t.Fatalf("pod caches hold %v, want %s: the 5, %s: other-c and sel-b", got, keyA, keyC)
@@ -176,70 +173,15 @@ func TestPodCacheHoldsOnlySelectedPods(t *testing.T) {
 	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "b")))
 	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "c")))
 	eventually(t, "the cache of c's selector to stop", func() (bool, string) {
-		got := h.r.pods.running()
-		return slices.Equal(got, []podKey{keyA}), fmt.Sprint(got)
+		got := h.r.pods.Running()
+		return slices.Equal(got, []informer.PodKey{keyA}), fmt.Sprint(got)
 	})
-	if h.r.pods.synced()[keyA].cache != first {
+	if h.r.pods.Synced()[keyA] != first {
 		t.Fatal("the shared pod cache was restarted")
 	}
 	must(t, k8s.Delete(context.Background(), getRoute(t, ns, "a")))
 	eventually(t, "every pod cache to stop", func() (bool, string) {
-		got := h.r.pods.running()
+		got := h.r.pods.Running()
 		return len(got) == 0, fmt.Sprint(got)
 	})
-}
-
-// TestPodCacheHeap measures what a pod cache keeps: POD_CACHE_HEAP=1 runs
-// it (creating 2000 pods takes a while). A namespace of 2000 pods, a
-// selector matching 1 % of them: the heap (after GC) of a cache of the
-// whole namespace, as the controller kept before, against the cache of
-// the selector.
-//
-//	POD_CACHE_HEAP=1 go test -run TestPodCacheHeap -v ./internal/controller/
-func TestPodCacheHeap(t *testing.T) {
-	if v, _ := strconv.ParseBool(os.Getenv("POD_CACHE_HEAP")); !v {
-		t.Skip("set POD_CACHE_HEAP=1 to measure")
-	}
-	const n, matched = 2000, 20
-	ns := namespace(t, "podheap")
-	createPods(t, ns, "noise", n-matched, map[string]string{"app": "noise"}, 64)
-	createPods(t, ns, "sel", matched, map[string]string{"app": "sel"}, 65)
-
-	// Shared by the caches, as in the controller.
-	hc, err := podCachesClient(testCfg)
-	must(t, err)
-	for _, shape := range []struct{ name, sel string }{
-		// The small ones first: what is left of a stopped cache is
-		// then small too. A selector matching nothing is the cost of
-		// a cache without pods (its watcher, map and watch).
-		{"selector matching none", "app=none"},
-		{"selector app=sel, 1% (after)", "app=sel"},
-		{"whole namespace (before)", ""},
-	} {
-		p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute}
-		before, gBefore, sBefore := testbin.HeapAfterGC(), runtime.NumGoroutine(), stackInuse()
-		if _, err := p.reader(context.Background(), ns, shape.sel); err != nil {
-			t.Fatal(err)
-		}
-		after, gAfter, sAfter := testbin.HeapAfterGC(), runtime.NumGoroutine(), stackInuse()
-		held := 0
-		for _, keys := range cachedPods(t, p) {
-			held += len(keys)
-		}
-		t.Logf("%s: %d of %d pods cached, heap +%d KiB, %d goroutines (stacks +%d KiB)", shape.name, held, n,
-			(after-before)/1024, gAfter-gBefore, (int64(sAfter)-int64(sBefore))/1024)
-		p.mu.Lock()
-		for _, e := range p.byKey {
-			e.stop()
-		}
-		p.mu.Unlock()
-		time.Sleep(time.Second) // its goroutines end: not freed during the next
-	}
-}
-
-// stackInuse is the memory of the goroutines' stacks.
-func stackInuse() uint64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.StackInuse
 }

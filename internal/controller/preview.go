@@ -97,6 +97,7 @@ func NewPreviewer(c client.Client, v Validator, opts compiler.Options, namespace
 	r := &Reconciler{Client: ro, APIReader: ro, Validator: v, CompileOptions: opts,
 		Namespaces: namespaces, TrustedNamespaces: trusted, Routes: NewRouteState(), preview: true}
 	r.discovery = &discovery.Reader{Client: ro}
+	r.fallback = &fallbackService{client: ro, apiReader: ro, pods: podReader(nil, ro)}
 	r.out = &sink.DryRun{Reader: ro, Trusted: trusted}
 	return r
 }
@@ -220,11 +221,11 @@ func (r *Reconciler) liveKey(ctx context.Context, cm, key string) ([]byte, bool,
 	return []byte(v), ok, nil
 }
 
-// previewFallback is reconcileFallbackService without the apply: the VIP
+// preview is reconcile without the apply: the VIP
 // of the route's fallback Service when it exists and the route controls
 // it. A Service the controller would still create has no VIP yet: the
 // preview renders without that tier and says so.
-func (r *Reconciler) previewFallback(ctx context.Context, st *state) (*compiler.ServiceVIP, error) {
+func (f *fallbackService) preview(ctx context.Context, st *state) (*compiler.ServiceVIP, error) {
 	if !wantsFallback(st.spec) {
 		return nil, nil
 	}
@@ -232,13 +233,13 @@ func (r *Reconciler) previewFallback(ctx context.Context, st *state) (*compiler.
 		st.previewWarnings = append(st.previewWarnings, fmt.Sprintf("no fallback Service for FailOpen: %v", err))
 		return nil, nil
 	}
-	port, err := r.fallbackPort(ctx, st.spec)
+	port, err := f.port(ctx, st.spec)
 	if err != nil {
 		return nil, err
 	}
 	key := client.ObjectKey{Namespace: st.route.Namespace, Name: FallbackServiceName(st.route.Name)}
 	var svc corev1.Service
-	err = r.Client.Get(ctx, key, &svc)
+	err = f.client.Get(ctx, key, &svc)
 	switch {
 	case apierrors.IsNotFound(err):
 		if port != 0 {
@@ -257,15 +258,6 @@ func (r *Reconciler) previewFallback(ctx context.Context, st *state) (*compiler.
 		port = svc.Spec.Ports[0].TargetPort.IntVal
 	}
 	return discovery.ServiceVIP(&svc, port, FallbackPortName), nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // errReadOnly is what every write of a previewing Reconciler returns.

@@ -2,15 +2,10 @@ package controller
 
 import (
 	"context"
-	"maps"
 	"slices"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,104 +20,29 @@ import (
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
+	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/peers"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
-// CacheOptions are the manager cache options the controller needs: managed
-// fields and kubectl's last-applied copy stripped from everything and, when
-// namespaces is not empty, namespaced objects cached only there (Nodes are
-// cluster-scoped and always cached, metadata only; ConfigMaps metadata
-// only). Pods are not in the manager's cache: they are cached per
-// namespace and label selector, only the pods routes select (podCaches).
-//
-// A read of a kind the controller does not watch fails instead of starting
-// a cache of it (ErrResourceNotCached): a typed ConfigMap read through the
-// cache would otherwise cache every ConfigMap of the cluster in full.
+// CacheCurrency is informer.CacheCurrency: whether every cache holds what
+// the API server holds.
+type CacheCurrency = informer.CacheCurrency
+
+// NewCacheCurrency returns a CacheCurrency with no stale cache.
+func NewCacheCurrency() *CacheCurrency { return informer.NewCacheCurrency() }
+
+// CacheOptions are the manager cache options the controller needs
+// (informer.CacheOptions): of Services, the labels and annotations it
+// reads are kept (the managed-by label, the fallback-for and
+// allowed-route-namespaces annotations).
 func CacheOptions(namespaces []string) cache.Options {
-	o := cache.Options{
-		DefaultTransform:            stripUnread,
-		ReaderFailOnMissingInformer: true,
-	}
-	if len(namespaces) > 0 {
-		o.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range namespaces {
-			o.DefaultNamespaces[ns] = cache.Config{}
-		}
-	}
-	return o
-}
-
-// stripUnread drops from every cached object what the controller never
-// reads and what is often its largest part: managed fields, and the copy
-// of the whole object kubectl apply keeps in an annotation. EndpointSlices
-// and Services, of which a cluster has about one per workload, are cut
-// down to the fields the controller reads (discovery.StripEndpointSlice,
-// stripService).
-func stripUnread(o any) (any, error) {
-	switch o := o.(type) {
-	case *discoveryv1.EndpointSlice:
-		return discovery.StripEndpointSlice(o)
-	case *corev1.Service:
-		return stripService(o), nil
-	}
-	if a, err := meta.Accessor(o); err == nil {
-		if a.GetManagedFields() != nil { // as controller-runtime's TransformStripManagedFields
-			a.SetManagedFields(nil)
-		}
-		if ann := a.GetAnnotations(); ann[corev1.LastAppliedConfigAnnotation] != "" {
-			ann = maps.Clone(ann)
-			delete(ann, corev1.LastAppliedConfigAnnotation)
-			a.SetAnnotations(ann)
-		}
-	}
-	return o, nil
-}
-
-// stripService keeps only what the controller reads of a Service:
-// identity, owner references and deletion (whose fallback Service it is),
-// the managed-by label and the fallback-for and allowed-route-namespaces
-// annotations, and of the spec the type, selector, cluster IPs and ports
-// (name, protocol, port, target port). Its status, the other labels and
-// annotations and the rest of the spec (IP families, traffic policies,
-// node ports, load balancer settings) are never read. The result is a new
-// object: the transform may run again on a cached one (a resync).
-func stripService(s *corev1.Service) *corev1.Service {
-	out := &corev1.Service{
-		TypeMeta: s.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
-			DeletionTimestamp: s.DeletionTimestamp, OwnerReferences: s.OwnerReferences,
-			Labels:      keep(s.Labels, ManagedByLabel),
-			Annotations: keep(s.Annotations, FallbackForAnnotation, sink.AllowedNamespacesAnnotation),
-		},
-		Spec: corev1.ServiceSpec{
-			Type: s.Spec.Type, Selector: s.Spec.Selector, ClusterIP: s.Spec.ClusterIP, ClusterIPs: s.Spec.ClusterIPs,
-		},
-	}
-	if len(s.Spec.Ports) > 0 {
-		out.Spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
-		for i, p := range s.Spec.Ports {
-			out.Spec.Ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: p.TargetPort}
-		}
-	}
-	return out
-}
-
-// keep is the entries of m with the given keys (nil for none).
-func keep(m map[string]string, keys ...string) map[string]string {
-	var out map[string]string
-	for _, k := range keys {
-		if v, ok := m[k]; ok {
-			if out == nil {
-				out = make(map[string]string, len(keys))
-			}
-			out[k] = v
-		}
-	}
-	return out
+	return informer.CacheOptions(namespaces, informer.ServiceFields{
+		Labels:      []string{ManagedByLabel},
+		Annotations: []string{FallbackForAnnotation, sink.AllowedNamespacesAnnotation},
+	})
 }
 
 // SetupWithManager registers the field indexes and the controller with its
@@ -137,17 +57,16 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if r.Routes == nil {
 		r.Routes = NewRouteState()
 	}
-	r.discovery = &discovery.Reader{Client: r.Client, Pods: r.podReader}
 	r.scaler = &scaler.Scaler{Client: r.Client, Reader: r.APIReader}
 	w := &sink.Writer{Client: r.Client, APIReader: r.APIReader, Trusted: r.TrustedNamespaces, Window: sink.DefaultBatchWindow}
 	r.sink, r.out = w, w
-	r.cmChanges = newConfigMapChanges(r.changedKeys)
+	r.cmChanges = informer.NewConfigMapChanges(r.changedKeys)
 	if err := mgr.Add(r.cmChanges); err != nil {
 		return err
 	}
 	r.initial = newInitialSync(r)
 	writeConflicts = func() float64 { return float64(w.Conflicts.Load()) }
-	ix := indexer(mgr.GetCache())
+	ix := informer.Indexer(mgr.GetCache())
 	if err := discovery.SetupIndexes(ctx, ix); err != nil {
 		return err
 	}
@@ -157,37 +76,51 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, max
 	if err := SetupOwnershipIndex(ctx, ix); err != nil {
 		return err
 	}
+	routes := &informer.Routes{Client: r.Client} // its Pods below
+	// mapService maps a Service to the routes that reference it and to
+	// the selector route whose fallback Service has its name (ours or a
+	// foreign one: its deletion lets the route create its own).
+	mapService := func(ctx context.Context, o client.Object) []reconcile.Request {
+		ref := o.GetNamespace() + "/" + o.GetName()
+		return append(informer.Requests(routes.By(ctx, discovery.IndexRouteService, ref)),
+			informer.Requests(routes.By(ctx, IndexRouteFallbackService, ref))...)
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(Name).
 		For(&v1alpha1.ModelRoute{}, builder.WithPredicates(routeChanged())).
 		Watches(&v1alpha1.ModelRoute{}, handler.EnqueueRequestsFromMapFunc(r.mapClaimants), builder.WithPredicates(claimsChanged())).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(r.mapSlice)).
-		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.mapService)).
-		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.mapNode), builder.WithPredicates(gpuLabelChanged())).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(routes.MapSlice)).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(mapService)).
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(routes.MapNode), builder.WithPredicates(informer.GPULabelChanged())).
 		WatchesMetadata(&corev1.ConfigMap{}, r.configMapHandler()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(maxConcurrent, 1)})
 	if r.Caches != nil {
-		rs := &resyncSource{r: r}
-		r.Caches.OnCurrent(rs.queueAll)
+		rs := &informer.Resync{Client: r.Client}
+		r.Caches.OnCurrent(rs.QueueAll)
 		b = b.WatchesRawSource(rs)
 	}
-	idle := r.PodCacheIdle
-	if idle <= 0 {
-		idle = DefaultPodCacheIdle
-	}
-	pc, err := podCachesClient(mgr.GetConfig())
+	// One source for the events of every pod cache, started with the
+	// controller: through MapPod, for the updates discovery reads, and
+	// through the consumer pods' handler.
+	r.consumers = &consumers{client: r.Client, namespaces: r.Namespaces, routes: r.Routes} // its pods below
+	pods, err := informer.NewPodCaches(mgr.GetConfig(), informer.PodCacheOptions{
+		InUse: func(ctx context.Context) ([]informer.PodKey, error) { return podSelectors(ctx, r.Client, r.Namespaces) },
+		Idle:  r.PodCacheIdle, Currency: r.Caches,
+		Selected: handler.EnqueueRequestsFromMapFunc(routes.MapPod), Every: r.consumers.podHandler(),
+	})
 	if err != nil {
 		return err
 	}
-	r.pods = &podCaches{cfg: mgr.GetConfig(), httpClient: pc, inUse: r.podSelectors, idle: idle, currency: r.Caches}
-	// One source for the events of every pod cache, started with the
-	// controller (podEvents).
-	r.pods.events = r.newPodEvents(r.pods)
-	b = b.WatchesRawSource(r.pods.events)
+	r.pods, routes.Pods = pods, pods
+	read := podReader(pods, r.Client)
+	r.discovery = &discovery.Reader{Client: r.Client, Pods: read}
+	r.consumers.pods = read
+	r.fallback = &fallbackService{client: r.Client, apiReader: r.APIReader, recorder: r.Recorder, pods: read}
+	b = b.WatchesRawSource(pods.Events())
 	if _, err := b.Build(r); err != nil {
 		return err
 	}
-	return mgr.Add(r.pods)
+	return mgr.Add(pods)
 }
 
 // routeChanged passes spec changes (generation), the start of deletion and
@@ -237,187 +170,11 @@ func (r *Reconciler) mapClaimants(ctx context.Context, o client.Object) []reconc
 		}
 	}
 	for _, v := range outputKeyValues(rt) {
-		add(r.routesBy(ctx, IndexRouteOutputKey, v))
+		add(informer.RoutesBy(ctx, r.Client, IndexRouteOutputKey, v))
 	}
 	// Routes whose monitor file goes where this route writes nginx files.
 	if cm := rt.Spec.Nginx.OutputConfigMap; cm != "" {
-		add(r.routesBy(ctx, IndexRouteMonitorConfigMap, compiler.ResolveRef(compilerRoute(rt), cm)))
-	}
-	return out
-}
-
-// podChanged drops pod updates that change nothing discovery reads (the
-// pod caches keep records, so only the resourceVersion differs then): the
-// two pods' records are compared, not their stripped pods rebuilt.
-func podChanged() predicate.Predicate {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		pa, okA := e.ObjectOld.(*corev1.Pod)
-		pb, okB := e.ObjectNew.(*corev1.Pod)
-		if !okA || !okB {
-			return true
-		}
-		return !discovery.CompactPod(pa).SameExceptVersion(discovery.CompactPod(pb))
-	}}
-}
-
-// gpuLabelChanged passes node events that can change a gpuType: a new node,
-// or a changed nvidia.com/gpu.product label. The nodes of the informer's
-// first list (or, on a replica that starts leading, the nodes its cache
-// already holds) are not new: each maps to the routes with endpoints on
-// it, which the slice, Service and pod events of the same first lists
-// queue anyway and the initial sync reconciles with the nodes' labels
-// already cached. Mapping them scanned every EndpointSlice once per node
-// (38 MB allocated and about 45,000 route lookups at start-up with 1000
-// routes on 50 nodes) for nothing.
-func gpuLabelChanged() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool { return !e.IsInInitialList },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetLabels()[discovery.GPUProductLabel] != e.ObjectNew.GetLabels()[discovery.GPUProductLabel]
-		},
-		DeleteFunc: func(event.DeleteEvent) bool { return false },
-	}
-}
-
-// routesBy lists the routes whose index holds value. The routes are the
-// cache's own objects: callers must not modify them.
-func (r *Reconciler) routesBy(ctx context.Context, index, value string) []v1alpha1.ModelRoute {
-	var l v1alpha1.ModelRouteList
-	// Read-only use: the cache's objects are not copied (a ConfigMap event
-	// of a ConfigMap shared by 100 routes used to deep-copy all of them).
-	if err := r.Client.List(ctx, &l, client.MatchingFields{index: value}, client.UnsafeDisableDeepCopy); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "list routes by index", "index", index, "value", value)
-		return nil
-	}
-	return l.Items
-}
-
-func requests(routes []v1alpha1.ModelRoute) []reconcile.Request {
-	out := make([]reconcile.Request, len(routes))
-	for i := range routes {
-		out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&routes[i])}
-	}
-	return out
-}
-
-func (r *Reconciler) mapSlice(ctx context.Context, o client.Object) []reconcile.Request {
-	svc := o.GetLabels()[discoveryv1.LabelServiceName]
-	if svc == "" {
-		return nil
-	}
-	return requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+svc))
-}
-
-// mapService maps a Service to the routes that reference it and to the
-// selector route whose fallback Service has its name (ours or a foreign
-// one: its deletion lets the route create its own).
-func (r *Reconciler) mapService(ctx context.Context, o client.Object) []reconcile.Request {
-	return append(requests(r.routesBy(ctx, discovery.IndexRouteService, o.GetNamespace()+"/"+o.GetName())),
-		r.mapFallbackService(ctx, o)...)
-}
-
-// mapPod maps a pod to the selector routes of its namespace whose selectors
-// match it (the index narrows to one namespace's selector routes).
-func (r *Reconciler) mapPod(ctx context.Context, o client.Object) []reconcile.Request {
-	var out []reconcile.Request
-	set := labels.Set(o.GetLabels())
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteSelectorNamespace, o.GetNamespace()) {
-		for _, s := range discovery.RouteSelectors(&rt) {
-			if sel, err := parsedSelector(s); err == nil && sel.Matches(set) {
-				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&rt)})
-				break
-			}
-		}
-	}
-	return out
-}
-
-// selectors holds parsed route selectors (string → labels.Selector):
-// mapPod matches every pod event against the selectors of its namespace's
-// routes, and parsing them anew for each allocated 17 MB in a 1000-route
-// start-up. Bounded by the distinct selectors routes have had; cleared
-// when it grows past maxParsedSelectors.
-var (
-	selectorsMu sync.Mutex
-	selectors   = map[string]labels.Selector{}
-)
-
-const maxParsedSelectors = 10000
-
-// parsedSelector is labels.Parse(s), parsed once.
-func parsedSelector(s string) (labels.Selector, error) {
-	selectorsMu.Lock()
-	sel, ok := selectors[s]
-	selectorsMu.Unlock()
-	if ok {
-		return sel, nil
-	}
-	sel, err := labels.Parse(s)
-	if err != nil {
-		return nil, err
-	}
-	selectorsMu.Lock()
-	if len(selectors) >= maxParsedSelectors {
-		clear(selectors)
-	}
-	selectors[s] = sel
-	selectorsMu.Unlock()
-	return sel, nil
-}
-
-// mapNode maps a node to the routes with endpoints on it: through the
-// slices and pods on that node.
-func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.Request {
-	node := o.GetName()
-	seen := map[types.NamespacedName]bool{}
-	var out []reconcile.Request
-	add := func(reqs []reconcile.Request) {
-		for _, q := range reqs {
-			if !seen[q.NamespacedName] {
-				seen[q.NamespacedName] = true
-				out = append(out, q)
-			}
-		}
-	}
-	// Read-only, and one lookup per Service: a node carries endpoints of
-	// most slices, and each node's creation at start-up deep-copied all
-	// of them (57 MB allocated for 50 nodes and 900 slices). Every slice
-	// is scanned, not looked up in an index by node: that index held a
-	// key per node of every slice (0.8–2.4 MB of live heap in profiles at
-	// 10,000 endpoints on 50 nodes) for events as rare as a node joining
-	// or its GPU label changing.
-	var sl discoveryv1.EndpointSliceList
-	if err := r.Client.List(ctx, &sl, client.UnsafeDisableDeepCopy); err == nil {
-		services := map[string]bool{}
-		for i := range sl.Items {
-			s := &sl.Items[i]
-			if !slices.ContainsFunc(s.Endpoints, func(ep discoveryv1.Endpoint) bool {
-				return ep.NodeName != nil && *ep.NodeName == node
-			}) {
-				continue
-			}
-			svc := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-			if services[svc] {
-				continue
-			}
-			services[svc] = true
-			add(r.mapSlice(ctx, s))
-		}
-	}
-	if r.pods != nil {
-		for _, pr := range r.pods.readers() {
-			// No index by node: the caches hold only selected pods, and
-			// a GPU label change is rare; an index per cache cost a set
-			// per node and cache.
-			var pl corev1.PodList
-			if err := pr.List(ctx, &pl, client.UnsafeDisableDeepCopy); err == nil {
-				for i := range pl.Items {
-					if pl.Items[i].Spec.NodeName == node {
-						add(r.mapPod(ctx, &pl.Items[i]))
-					}
-				}
-			}
-		}
+		add(informer.RoutesBy(ctx, r.Client, IndexRouteMonitorConfigMap, compiler.ResolveRef(compilerRoute(rt), cm)))
 	}
 	return out
 }
@@ -433,7 +190,7 @@ func (r *Reconciler) mapNode(ctx context.Context, o client.Object) []reconcile.R
 // its neighbours.
 func (r *Reconciler) configMapHandler() handler.EventHandler {
 	all := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		for _, req := range requests(r.routesBy(ctx, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
+		for _, req := range informer.Requests(informer.RoutesBy(ctx, r.Client, discovery.IndexRouteConfigMap, o.GetNamespace()+"/"+o.GetName())) {
 			q.Add(req)
 		}
 	}
@@ -462,7 +219,7 @@ func (r *Reconciler) configMapHandler() handler.EventHandler {
 			// waits for a write of this ConfigMap in flight and may read
 			// it: not in the informer's goroutine, but in the ConfigMap
 			// queue's (one pass per ConfigMap, however many events).
-			r.cmChanges.add(ref, e.ObjectNew.GetResourceVersion(), q)
+			r.cmChanges.Add(ref, e.ObjectNew.GetResourceVersion(), q)
 		},
 	}
 }
@@ -475,7 +232,7 @@ func (r *Reconciler) changedKeys(ctx context.Context, ref, rv string, q workqueu
 		ctrl.LoggerFrom(ctx).Error(err, "read a changed configmap; re-rendering its routes", "configmap", ref)
 		ch.All = true
 	}
-	for _, rt := range r.routesBy(ctx, discovery.IndexRouteConfigMap, ref) {
+	for _, rt := range informer.RoutesBy(ctx, r.Client, discovery.IndexRouteConfigMap, ref) {
 		key := client.ObjectKeyFromObject(&rt)
 		owned, known := r.Routes.rendered.get(key)
 		if ch.All || (!known && len(ch.Keys) > 0) || slices.ContainsFunc(owned[ref], func(k string) bool {

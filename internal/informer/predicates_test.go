@@ -1,4 +1,4 @@
-package controller
+package informer
 
 import (
 	"testing"
@@ -16,7 +16,7 @@ import (
 // a node created later is, and so is a changed GPU label; other node
 // changes and deletions are not.
 func TestGPULabelChanged(t *testing.T) {
-	p := gpuLabelChanged()
+	p := GPULabelChanged()
 	node := func(gpu string) *corev1.Node {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1", Labels: map[string]string{discovery.GPUProductLabel: gpu}}}
 	}

@@ -1,4 +1,4 @@
-package controller
+package informer
 
 // This file: cache currency. A replica whose connection to the API server
 // was cut (its informers' watches ended and could not be resumed) must not
@@ -173,7 +173,7 @@ func (c *CacheCurrency) markStale(w currencyMember, why error) {
 		c.epoch++
 		c.since = time.Now()
 		c.current = make(chan struct{})
-		ctrl.Log.WithName(Name).Info("cache not current: a watch ended and cannot be resumed; writes wait until every cache is current again",
+		ctrl.Log.WithName(logName).Info("cache not current: a watch ended and cannot be resumed; writes wait until every cache is current again",
 			"type", w.cacheType(), "error", why.Error())
 	}
 }
@@ -188,12 +188,12 @@ func (c *CacheCurrency) markCurrent(w currencyMember, changes int) {
 		return
 	}
 	delete(c.stale, w)
-	ctrl.Log.WithName(Name).V(levelDebug).Info("cache current again", "type", w.cacheType(), "changes", changes)
+	ctrl.Log.WithName(logName).V(levelDebug).Info("cache current again", "type", w.cacheType(), "changes", changes)
 	if len(c.stale) > 0 {
 		return
 	}
 	close(c.current)
-	ctrl.Log.WithName(Name).Info("every cache current again; queueing every route", "staleSeconds", time.Since(c.since).Seconds())
+	ctrl.Log.WithName(logName).Info("every cache current again; queueing every route", "staleSeconds", time.Since(c.since).Seconds())
 	for _, f := range c.onCurrent {
 		go f()
 	}
@@ -296,7 +296,7 @@ func (w *currentLW) run(ctx context.Context, opts metav1.ListOptions, out chan<-
 				if ctx.Err() != nil {
 					return
 				}
-				ctrl.Log.WithName(Name).Error(err, "cache not current: cannot read the list; retrying", "type", w.typ)
+				ctrl.Log.WithName(logName).Error(err, "cache not current: cannot read the list; retrying", "type", w.typ)
 				sleep(ctx, currencyRetryMax)
 				continue
 			}
@@ -346,7 +346,7 @@ func listUntilAnswered[T any](ctx context.Context, typ string, list func(context
 			return l, err
 		}
 		if !unreachable(err) {
-			ctrl.Log.WithName(Name).Error(err, "cache not current: the list is refused; retrying", "type", typ)
+			ctrl.Log.WithName(logName).Error(err, "cache not current: the list is refused; retrying", "type", typ)
 		}
 		if !sleep(ctx, delay) {
 			return l, err
@@ -517,7 +517,7 @@ func (w *currentLW) waitApplied(ctx context.Context, ev watch.Event) {
 			}
 		}
 		if time.Now().After(deadline) {
-			ctrl.Log.WithName(Name).Error(errors.New("timed out"), "cache did not apply the caught-up state; treating it as current", "type", w.typ, "key", k)
+			ctrl.Log.WithName(logName).Error(errors.New("timed out"), "cache did not apply the caught-up state; treating it as current", "type", w.typ, "key", k)
 			return
 		}
 		if !sleep(ctx, 5*time.Millisecond) {
@@ -560,29 +560,32 @@ func (r *resumedWatch) ResultChan() <-chan watch.Event { return r.ch }
 
 func (r *resumedWatch) Stop() { r.cancel() }
 
-// resyncSource queues every route when the caches are current again after
-// a cut. The controller starts it when this replica leads; until then
-// (a standby) there is nothing to queue: its initial sync reconciles every
-// route when it starts leading.
-type resyncSource struct {
-	r  *Reconciler
+// Resync queues every route when the caches are current again after a
+// cut (CacheCurrency.OnCurrent(QueueAll)). The controller starts it when
+// this replica leads; until then (a standby) there is nothing to queue:
+// its initial sync reconciles every route when it starts leading.
+type Resync struct {
+	// Client lists the routes (the manager's cache).
+	Client client.Reader
+
 	mu sync.Mutex
 	q  workqueue.TypedRateLimitingInterface[reconcile.Request]
 	// ctx is the controller's
 	ctx context.Context
 }
 
-func (s *resyncSource) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+// Start implements source.Source.
+func (s *Resync) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.q, s.ctx = q, ctx
 	return nil
 }
 
-// queueAll adds every route of the cache to the queue: not rate-limited,
+// QueueAll adds every route of the cache to the queue: not rate-limited,
 // so a route whose reconcile failed during the cut does not wait out its
 // backoff.
-func (s *resyncSource) queueAll() {
+func (s *Resync) QueueAll() {
 	s.mu.Lock()
 	q, ctx := s.q, s.ctx
 	s.mu.Unlock()
@@ -590,7 +593,7 @@ func (s *resyncSource) queueAll() {
 		return
 	}
 	var l v1alpha1.ModelRouteList
-	if err := s.r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
+	if err := s.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "list routes to reconcile after the caches were current again")
 		return
 	}

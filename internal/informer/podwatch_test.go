@@ -1,4 +1,4 @@
-package controller
+package informer
 
 import (
 	"context"
@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/modelsphere/autoconfig/internal/testenv"
@@ -41,16 +40,16 @@ func TestPodCacheGoroutines(t *testing.T) {
 	}
 	hc, err := podCachesClient(testCfg)
 	must(t, err)
-	p := &podCaches{cfg: testCfg, httpClient: hc, idle: time.Minute, currency: NewCacheCurrency()}
+	p := &PodCaches{cfg: testCfg, httpClient: hc, idle: time.Minute, currency: NewCacheCurrency()}
 	t.Cleanup(func() { stopPodCaches(p) })
 	ctx := context.Background()
 	// The caches' shared connection (and its goroutines) first.
-	if _, err := p.reader(ctx, ns, "app=none"); err != nil {
+	if _, err := p.Reader(ctx, ns, "app=none"); err != nil {
 		t.Fatal(err)
 	}
 	before := settledGoroutines()
 	for i := range n {
-		r, err := p.reader(ctx, ns, fmt.Sprintf("idx=%d", i))
+		r, err := p.Reader(ctx, ns, fmt.Sprintf("idx=%d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +68,7 @@ func TestPodCacheGoroutines(t *testing.T) {
 	}
 	eventually(t, "every cache to see its pod's change", func() (bool, string) {
 		for k, e := range p.synced() {
-			if k.sel == "app=none" {
+			if k.Selector == "app=none" {
 				continue
 			}
 			for _, pd := range e.cache.snapshot() {
@@ -95,7 +94,7 @@ func TestPodCacheGoroutines(t *testing.T) {
 }
 
 // stopPodCaches stops every cache of p, as the manager's shutdown does.
-func stopPodCaches(p *podCaches) {
+func stopPodCaches(p *PodCaches) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for k, e := range p.byKey {
@@ -258,18 +257,18 @@ func TestPodCacheResumesAndRelists(t *testing.T) {
 	reqs := &podRequests{inner: hc.Transport}
 	hc.Transport = reqs
 	cur := NewCacheCurrency()
-	p := &podCaches{cfg: cfg, httpClient: hc, idle: time.Minute, currency: cur}
+	p := &PodCaches{cfg: cfg, httpClient: hc, idle: time.Minute, currency: cur}
 	t.Cleanup(func() { stopPodCaches(p) })
 	rec := &podEventLog{}
-	p.events = &podEvents{caches: p, h: podHandlers{selected: rec.handler(), changed: predicate.Funcs{}, consumers: handler.Funcs{}}}
+	p.events = &podEvents{caches: p, h: rec.handler()}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	defer q.ShutDown()
 	must(t, p.events.Start(ctx, q))
-	r, err := p.reader(ctx, ns, "app=cut")
+	r, err := p.Reader(ctx, ns, "app=cut")
 	must(t, err)
-	w := p.synced()[podKey{ns, "app=cut"}].cache
+	w := p.synced()[PodKey{ns, "app=cut"}].cache
 
 	// The listed pods reach the handlers as the cache's stored, stripped
 	// pods.

@@ -1,4 +1,4 @@
-package controller
+package informer
 
 // This file: the cache's field indexes, each value kept once.
 
@@ -18,7 +18,7 @@ import (
 // twice: under the object's namespace, for a List with InNamespace, and
 // under all namespaces, for a List without; and every distinct value of
 // an index is a set (a map) of its own. Each index here is read one way
-// only: the route indexes across namespaces (routesBy), the EndpointSlice
+// only: the route indexes across namespaces (Routes.By), the EndpointSlice
 // index within the slice's namespace (discovery.Reader). At 1000 routes
 // the index maps were 2.9 MB of the live heap, 1.6 MB with each value
 // once.
@@ -62,9 +62,9 @@ func (ix onceIndexer) IndexField(ctx context.Context, obj client.Object, field s
 	}})
 }
 
-// indexer is the indexer the controller registers its indexes with, on
+// Indexer is the indexer the controller registers its indexes with, on
 // c's informers: the EndpointSlice index is read within a namespace, the
 // others across namespaces.
-func indexer(c cache.Informers) client.FieldIndexer {
+func Indexer(c cache.Informers) client.FieldIndexer {
 	return onceIndexer{informers: c, namespaced: map[string]bool{discovery.IndexSliceService: true}}
 }

@@ -1,4 +1,4 @@
-package controller
+package informer
 
 // This file: the ConfigMap change queue. A ConfigMap event asks the
 // writer which keys changed (it may read the ConfigMap); the events of one
@@ -17,9 +17,9 @@ import (
 // configMapWorkers handle ConfigMap changes in parallel.
 const configMapWorkers = 2
 
-// configMapChanges queues changed ConfigMaps (ns/name) with the latest
+// ConfigMapChanges queues changed ConfigMaps (ns/name) with the latest
 // resourceVersion seen; handle runs once per queued ConfigMap.
-type configMapChanges struct {
+type ConfigMapChanges struct {
 	queue  workqueue.TypedInterface[string]
 	handle func(ctx context.Context, ref, rv string, q workqueue.TypedRateLimitingInterface[reconcile.Request])
 
@@ -28,17 +28,20 @@ type configMapChanges struct {
 	out    workqueue.TypedRateLimitingInterface[reconcile.Request]
 }
 
-func newConfigMapChanges(handle func(context.Context, string, string, workqueue.TypedRateLimitingInterface[reconcile.Request])) *configMapChanges {
-	return &configMapChanges{
+// NewConfigMapChanges returns the queue; handle runs once per queued
+// ConfigMap (ns/name) at the resourceVersion of its newest event, with the
+// reconcile queue its routes go to.
+func NewConfigMapChanges(handle func(context.Context, string, string, workqueue.TypedRateLimitingInterface[reconcile.Request])) *ConfigMapChanges {
+	return &ConfigMapChanges{
 		queue:  workqueue.NewTypedWithConfig(workqueue.TypedQueueConfig[string]{Name: "autoconfig-configmap-changes"}),
 		handle: handle,
 		latest: map[string]string{},
 	}
 }
 
-// add queues ref at resourceVersion rv; out is the reconcile queue the
+// Add queues ref at resourceVersion rv; out is the reconcile queue the
 // affected routes go to.
-func (c *configMapChanges) add(ref, rv string, out workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+func (c *ConfigMapChanges) Add(ref, rv string, out workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	c.mu.Lock()
 	c.latest[ref] = rv
 	c.out = out
@@ -48,7 +51,7 @@ func (c *configMapChanges) add(ref, rv string, out workqueue.TypedRateLimitingIn
 
 // Start runs the workers until ctx ends (manager.Runnable; it runs on the
 // leader only, as the controller whose events feed it).
-func (c *configMapChanges) Start(ctx context.Context) error {
+func (c *ConfigMapChanges) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range configMapWorkers {
 		wg.Go(func() {
@@ -63,7 +66,7 @@ func (c *configMapChanges) Start(ctx context.Context) error {
 }
 
 // next handles one queued ConfigMap; false when the queue is shut down.
-func (c *configMapChanges) next(ctx context.Context) bool {
+func (c *ConfigMapChanges) next(ctx context.Context) bool {
 	ref, shutdown := c.queue.Get()
 	if shutdown {
 		return false

@@ -1,4 +1,4 @@
-package controller
+package informer
 
 // This file: pod caches per (namespace, label selector), only while a
 // route selects those pods. Service-discovery routes never read pods, and
@@ -41,16 +41,12 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/modelsphere/autoconfig/internal/discovery"
-	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // DefaultPodCacheIdle is how long a pod cache is kept after the last route
@@ -67,33 +63,35 @@ const podCacheSyncTimeout = 2 * time.Minute
 // it and twice it, so that the caches do not all resume at once.
 const podWatchTimeout = 5 * time.Minute
 
-// podKey names one pod cache: the pods of namespace ns that selector sel
+// PodKey names one pod cache: the pods of namespace ns that selector sel
 // matches, sel in its canonical form (labels.Selector's String: sorted
 // requirements, so "b=2,a=1" and "a=1, b=2" share one cache). An empty sel
 // is every pod of the namespace (the pods behind a Service without a
 // selector).
-type podKey struct{ ns, sel string }
+type PodKey struct{ Namespace, Selector string }
 
-func (k podKey) String() string { return k.ns + "/" + k.sel }
+func (k PodKey) String() string { return k.Namespace + "/" + k.Selector }
 
-// newPodKey parses selector for the cache of its pods in ns.
-func newPodKey(ns, selector string) (podKey, labels.Selector, error) {
+// NewPodKey parses selector for the cache of its pods in ns.
+func NewPodKey(ns, selector string) (PodKey, labels.Selector, error) {
 	sel, err := labels.Parse(selector)
 	if err != nil {
-		return podKey{}, nil, fmt.Errorf("selector %q: %w", selector, err)
+		return PodKey{}, nil, fmt.Errorf("selector %q: %w", selector, err)
 	}
-	return podKey{ns: ns, sel: sel.String()}, sel, nil
+	return PodKey{Namespace: ns, Selector: sel.String()}, sel, nil
 }
 
-// podCaches runs one pod cache per distinct (namespace, selector) that
-// routes read, shared by every route reading it.
-type podCaches struct {
+// PodCaches runs one pod cache per distinct (namespace, selector) that
+// routes read, shared by every route reading it. It is a manager.Runnable
+// (the sweep of unused caches); Events is the source of the caches' pod
+// events.
+type PodCaches struct {
 	cfg *rest.Config
 	// httpClient, if set, is shared by the caches (podCachesClient),
 	// instead of a transport per cache.
 	httpClient *http.Client
 	// inUse lists the caches routes currently read.
-	inUse func(ctx context.Context) ([]podKey, error)
+	inUse func(ctx context.Context) ([]PodKey, error)
 	// events takes the caches' pod events to the controller (nil: they
 	// go nowhere, in tests without a controller).
 	events *podEvents
@@ -102,12 +100,56 @@ type podCaches struct {
 	currency *CacheCurrency
 
 	mu    sync.Mutex
-	byKey map[podKey]*selPods
+	byKey map[PodKey]*selPods
 	pods  corev1client.PodsGetter // from cfg and httpClient, on first use
 	// closed: Start has ended (the manager stops); a cache whose first
 	// list comes in later stops at once.
 	closed bool
 }
+
+// PodCacheOptions configure NewPodCaches.
+type PodCacheOptions struct {
+	// InUse lists the caches routes currently read; the others stop Idle
+	// after the last route reading them went away (0 =
+	// DefaultPodCacheIdle).
+	InUse func(ctx context.Context) ([]PodKey, error)
+	Idle  time.Duration
+	// Currency is told while a cache is stale (nil: nobody is).
+	Currency *CacheCurrency
+	// Selected gets the pod events of every cache that change what
+	// discovery reads (podChanged), Every all of them, once the
+	// controller has started Events (nil: none). The objects are the
+	// caches' stored pods, as an informer gives its handlers: they must
+	// not be changed.
+	Selected, Every handler.EventHandler
+}
+
+// NewPodCaches returns the pod caches of cfg's API server: on a
+// connection of their own (podCachesClient).
+func NewPodCaches(cfg *rest.Config, o PodCacheOptions) (*PodCaches, error) {
+	hc, err := podCachesClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	idle := o.Idle
+	if idle <= 0 {
+		idle = DefaultPodCacheIdle
+	}
+	p := &PodCaches{cfg: cfg, httpClient: hc, inUse: o.InUse, idle: idle, currency: o.Currency}
+	h := podHandlers{selected: o.Selected, every: o.Every, changed: podChanged()}
+	if h.selected == nil {
+		h.selected = handler.Funcs{}
+	}
+	if h.every == nil {
+		h.every = handler.Funcs{}
+	}
+	p.events = &podEvents{caches: p, h: h}
+	return p, nil
+}
+
+// Events is the one source of every cache's pod events (source.Source),
+// started with the controller.
+func (p *PodCaches) Events() source.Source { return p.events }
 
 type selPods struct {
 	ready  chan struct{} // closed once synced (or failed: err set)
@@ -117,10 +159,10 @@ type selPods struct {
 	unused time.Time // since when no route reads these pods
 }
 
-// reader returns the synced cache of the pods of ns matching selector,
+// Reader returns the synced cache of the pods of ns matching selector,
 // starting it on first use.
-func (p *podCaches) reader(ctx context.Context, ns, selector string) (client.Reader, error) {
-	k, sel, err := newPodKey(ns, selector)
+func (p *PodCaches) Reader(ctx context.Context, ns, selector string) (client.Reader, error) {
+	k, sel, err := NewPodKey(ns, selector)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +171,7 @@ func (p *podCaches) reader(ctx context.Context, ns, selector string) (client.Rea
 	if !ok {
 		e = &selPods{ready: make(chan struct{})}
 		if p.byKey == nil {
-			p.byKey = map[podKey]*selPods{}
+			p.byKey = map[PodKey]*selPods{}
 		}
 		p.byKey[k] = e
 		go p.start(k, sel, e)
@@ -152,17 +194,17 @@ func (p *podCaches) reader(ctx context.Context, ns, selector string) (client.Rea
 	return e.cache, nil
 }
 
-// start lists the pods of k.ns that sel matches and, once they are in,
+// start lists the pods of k.Namespace that sel matches and, once they are in,
 // runs the cache's watcher (podWatcher.run) in its own goroutine; this one
 // ends with the list.
-func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
+func (p *PodCaches) start(k PodKey, sel labels.Selector, e *selPods) {
 	defer close(e.ready)
 	pods, err := p.podsClient()
 	if err != nil {
 		e.err = fmt.Errorf("pod cache %s: %w", k, err)
 		return
 	}
-	w := &podWatcher{key: k, selector: sel.String(), api: pods.Pods(k.ns), currency: p.currency, events: p.events}
+	w := &podWatcher{key: k, selector: sel.String(), api: pods.Pods(k.Namespace), currency: p.currency, events: p.events}
 	lctx, lcancel := context.WithTimeout(context.Background(), podCacheSyncTimeout)
 	// The first list as the reflector's: from the API server's watch
 	// cache (resourceVersion 0), not a read of etcd per selector at a
@@ -184,11 +226,11 @@ func (p *podCaches) start(k podKey, sel labels.Selector, e *selPods) {
 	e.cache, e.stop = w, cancel
 	p.mu.Unlock()
 	go w.run(ctx, rv)
-	ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache started", "namespace", k.ns, "selector", k.sel)
+	ctrl.Log.WithName(logName).V(levelDebug).Info("pod cache started", "namespace", k.Namespace, "selector", k.Selector)
 }
 
 // podsClient is the pods API client of the caches, made once.
-func (p *podCaches) podsClient() (corev1client.PodsGetter, error) {
+func (p *PodCaches) podsClient() (corev1client.PodsGetter, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.pods != nil {
@@ -212,7 +254,7 @@ func (p *podCaches) podsClient() (corev1client.PodsGetter, error) {
 // podWatcher is one pod cache: the pods of namespace key.ns that selector
 // matches, stripped, by name. It is the cache's client.Reader too.
 type podWatcher struct {
-	key      podKey
+	key      PodKey
 	selector string
 	api      corev1client.PodInterface
 	currency *CacheCurrency
@@ -400,7 +442,7 @@ func (w *podWatcher) Get(_ context.Context, key client.ObjectKey, obj client.Obj
 		return fmt.Errorf("pod cache: cannot read a %T", obj)
 	}
 	var rec *discovery.PodRecord
-	if key.Namespace == w.key.ns {
+	if key.Namespace == w.key.Namespace {
 		w.mu.RLock()
 		rec = w.pods[key.Name]
 		w.mu.RUnlock()
@@ -425,7 +467,7 @@ func (w *podWatcher) List(_ context.Context, list client.ObjectList, opts ...cli
 		return fmt.Errorf("pod cache: field selectors are not supported (%s)", o.FieldSelector)
 	}
 	out.Items = nil
-	if o.Namespace != "" && o.Namespace != w.key.ns {
+	if o.Namespace != "" && o.Namespace != w.key.Namespace {
 		return nil
 	}
 	unsafe := o.UnsafeDisableDeepCopy != nil && *o.UnsafeDisableDeepCopy
@@ -443,10 +485,10 @@ func (w *podWatcher) List(_ context.Context, list client.ObjectList, opts ...cli
 }
 
 // synced are the entries with a synced cache.
-func (p *podCaches) synced() map[podKey]*selPods {
+func (p *PodCaches) synced() map[PodKey]*selPods {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[podKey]*selPods{}
+	out := map[PodKey]*selPods{}
 	for k, e := range p.byKey {
 		select {
 		case <-e.ready:
@@ -459,27 +501,29 @@ func (p *podCaches) synced() map[podKey]*selPods {
 	return out
 }
 
-// running lists the synced pod caches, sorted.
-func (p *podCaches) running() []podKey {
-	var out []podKey
+// Running lists the synced pod caches, sorted.
+func (p *PodCaches) Running() []PodKey {
+	var out []PodKey
 	for k := range p.synced() {
 		out = append(out, k)
 	}
-	slices.SortFunc(out, func(a, b podKey) int { return strings.Compare(a.ns+"\x00"+a.sel, b.ns+"\x00"+b.sel) })
+	slices.SortFunc(out, func(a, b PodKey) int {
+		return strings.Compare(a.Namespace+"\x00"+a.Selector, b.Namespace+"\x00"+b.Selector)
+	})
 	return out
 }
 
-// readers are the synced pod caches (for lookups across them).
-func (p *podCaches) readers() []client.Reader {
-	var out []client.Reader
-	for _, e := range p.synced() {
-		out = append(out, e.cache)
+// Synced are the synced pod caches (for lookups across them).
+func (p *PodCaches) Synced() map[PodKey]client.Reader {
+	out := map[PodKey]client.Reader{}
+	for k, e := range p.synced() {
+		out[k] = e.cache
 	}
 	return out
 }
 
 // sweep stops the caches no route reads any more for idle.
-func (p *podCaches) sweep(ctx context.Context, now time.Time) {
+func (p *PodCaches) sweep(ctx context.Context, now time.Time) {
 	used, err := p.inUse(ctx)
 	if err != nil {
 		return
@@ -505,13 +549,13 @@ func (p *podCaches) sweep(ctx context.Context, now time.Time) {
 				e.stop()
 			}
 			delete(p.byKey, k)
-			ctrl.Log.WithName(Name).V(levelDebug).Info("pod cache stopped: no route selects these pods", "namespace", k.ns, "selector", k.sel)
+			ctrl.Log.WithName(logName).V(levelDebug).Info("pod cache stopped: no route selects these pods", "namespace", k.Namespace, "selector", k.Selector)
 		}
 	}
 }
 
 // Start implements manager.Runnable: the sweep loop.
-func (p *podCaches) Start(ctx context.Context) error {
+func (p *PodCaches) Start(ctx context.Context) error {
 	t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
 	defer t.Stop()
 	for {
@@ -532,120 +576,6 @@ func (p *podCaches) Start(ctx context.Context) error {
 	}
 }
 
-// podEvents is the controller's one source of pod events: every pod cache
-// hands its events to it, and it passes them to the handlers with the
-// controller's queue (a source.Informer per cache was a handler with its
-// own goroutines and buffer per cache). The objects are the caches'
-// stored pods, as an informer gives its handlers: they must not be
-// changed.
-type podEvents struct {
-	h podHandlers
-	// caches are replayed to the handlers when the controller starts.
-	caches *podCaches
-
-	mu  sync.RWMutex
-	q   workqueue.TypedRateLimitingInterface[reconcile.Request]
-	ctx context.Context // the controller's
-}
-
-// newPodEvents is the source of the pod events of r's caches: through
-// mapPod, with podChanged dropping updates discovery does not read, and
-// through the consumer pods' handler.
-func (r *Reconciler) newPodEvents(caches *podCaches) *podEvents {
-	return &podEvents{caches: caches, h: podHandlers{
-		selected: handler.EnqueueRequestsFromMapFunc(r.mapPod), changed: podChanged(),
-		consumers: r.consumerPodHandler(),
-	}}
-}
-
-// Start implements source.Source: the controller starts it when this
-// replica leads. Until then there is no queue and the events go nowhere:
-// the initial sync reconciles every route when the replica starts leading.
-func (s *podEvents) Start(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-	s.mu.Lock()
-	s.q, s.ctx = q, ctx
-	s.mu.Unlock()
-	if s.caches != nil {
-		// The pods of the caches started before, as an informer gives
-		// a handler added late; in the background, as an informer's
-		// handler gets them: the handlers read the manager's cache,
-		// which may not have synced yet.
-		go func() {
-			for _, e := range s.caches.synced() {
-				for _, rec := range e.cache.snapshot() {
-					s.create(rec.Pod())
-				}
-			}
-		}()
-	}
-	return nil
-}
-
-func (s *podEvents) String() string { return "pod caches" }
-
-// target is the controller's context and queue, nil before Start.
-func (s *podEvents) target() (context.Context, workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if s == nil {
-		return nil, nil
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ctx, s.q
-}
-
-func (s *podEvents) create(pod *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Create(ctx, event.CreateEvent{Object: pod}, q)
-	}
-}
-
-func (s *podEvents) update(old, now *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Update(ctx, event.UpdateEvent{ObjectOld: old, ObjectNew: now}, q)
-	}
-}
-
-func (s *podEvents) delete(pod *corev1.Pod) {
-	if ctx, q := s.target(); q != nil {
-		s.h.Delete(ctx, event.DeleteEvent{Object: pod}, q)
-	}
-}
-
-// podHandlers is mapPod's handler behind podChanged, and the consumer
-// pods' handler (which filters on its own), as one handler.
-type podHandlers struct {
-	selected, consumers handler.EventHandler
-	changed             predicate.Predicate
-}
-
-func (h podHandlers) Create(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Create(e) {
-		h.selected.Create(ctx, e, q)
-	}
-	h.consumers.Create(ctx, e, q)
-}
-
-func (h podHandlers) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Update(e) {
-		h.selected.Update(ctx, e, q)
-	}
-	h.consumers.Update(ctx, e, q)
-}
-
-func (h podHandlers) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Delete(e) {
-		h.selected.Delete(ctx, e, q)
-	}
-	h.consumers.Delete(ctx, e, q)
-}
-
-func (h podHandlers) Generic(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if h.changed.Generic(e) {
-		h.selected.Generic(ctx, e, q)
-	}
-	h.consumers.Generic(ctx, e, q)
-}
-
 // podCachesClient is the HTTP client of every pod cache: their own
 // connection, so that their watches (one per distinct selector) do not
 // take the HTTP/2 streams of the manager's connection, which then dials
@@ -656,71 +586,4 @@ func podCachesClient(cfg *rest.Config) (*http.Client, error) {
 	c := rest.CopyConfig(cfg)
 	c.DisableCompression = true
 	return rest.HTTPClientFor(c)
-}
-
-// podSelectors lists the pod caches routes read: one per distinct selector
-// of the routes that select pods (discovery.RouteSelectors, in the route's
-// namespace), and one per consumer Service (spec.nginx.service,
-// spec.cart.service) whose pods report what they serve: the pods its
-// selector matches.
-func (r *Reconciler) podSelectors(ctx context.Context) ([]podKey, error) {
-	var l v1alpha1.ModelRouteList
-	if err := r.Client.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	var out []podKey
-	add := func(k podKey) {
-		if !slices.Contains(out, k) {
-			out = append(out, k)
-		}
-	}
-	for i := range l.Items {
-		rt := &l.Items[i]
-		for _, s := range discovery.RouteSelectors(rt) {
-			if k, _, err := newPodKey(rt.Namespace, s); err == nil {
-				add(k)
-			}
-		}
-		for _, g := range consumerGroups(rt) {
-			if g.service == "" {
-				continue
-			}
-			if ns, _, _ := strings.Cut(g.service, "/"); !r.watches(ns) {
-				continue
-			}
-			ns, sel, err := r.servicePods(ctx, g.service)
-			if err != nil {
-				return nil, err
-			}
-			if k, _, err := newPodKey(ns, sel); err == nil {
-				add(k)
-			}
-		}
-	}
-	return out, nil
-}
-
-// servicePods tells which pods are behind the Service ref ("ns/name"):
-// those of its namespace that its selector matches; every pod of the
-// namespace for a Service without a selector (whose endpoints someone else
-// maintains) or not in the cache (yet).
-func (r *Reconciler) servicePods(ctx context.Context, ref string) (ns, selector string, err error) {
-	ns, name, _ := strings.Cut(ref, "/")
-	var svc corev1.Service
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ns, "", nil
-		}
-		return ns, "", fmt.Errorf("get service %s: %w", ref, err)
-	}
-	return ns, labels.SelectorFromSet(svc.Spec.Selector).String(), nil
-}
-
-// podReader is the cache of the pods of ns matching selector (started on
-// first use).
-func (r *Reconciler) podReader(ctx context.Context, ns, selector string) (client.Reader, error) {
-	if r.pods == nil {
-		return r.Client, nil // tests without a manager
-	}
-	return r.pods.reader(ctx, ns, selector)
 }
