@@ -22,6 +22,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
@@ -114,27 +115,12 @@ func TestCrossNamespaceServiceAndDualStack(t *testing.T) {
 // Ready condition (there is no kubelet in envtest).
 func pod(t testing.TB, ns, name string, labels map[string]string, ip string, ready bool, ports ...int32) {
 	t.Helper()
-	ctx := context.Background()
-	c := corev1.Container{Name: "vllm", Image: "vllm"}
-	for _, p := range ports {
-		c.Ports = append(c.Ports, corev1.ContainerPort{ContainerPort: p})
-	}
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{c}, NodeName: "gpu-1"}}
-	must(t, k8s.Create(ctx, p))
-	setPodStatus(t, p, ip, ready)
+	testenv.Pod(t, k8s, ns, name, labels, ip, ready, ports...)
 }
 
 func setPodStatus(t testing.TB, p *corev1.Pod, ip string, ready bool) {
 	t.Helper()
-	st := corev1.ConditionFalse
-	if ready {
-		st = corev1.ConditionTrue
-	}
-	p.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
-	}
-	must(t, k8s.Status().Update(context.Background(), p))
+	testenv.SetPodStatus(t, k8s, p, ip, ready)
 }
 
 func TestSelectorMode(t *testing.T) {

@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,6 +32,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/modelsphere/autoconfig/internal/sink"
+	"github.com/modelsphere/autoconfig/internal/testbin"
+	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -250,38 +251,14 @@ func newHarnessFull(t testing.TB, cfg *rest.Config, trusted []string, namespaces
 	return h
 }
 
-// eventually polls cond (wait.PollUntilContextTimeout) until it holds or
-// 30 s pass (a deadline, not a sleep that decides the outcome); cond
-// returns a description of the current state for the failure message.
-func eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		ok, s := cond()
-		last = s
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s; last state: %s", what, last)
-	}
-}
+// eventually, namespace and must are the envtest tests' shared
+// fixtures (internal/testenv, internal/testbin).
+var (
+	eventually = testenv.Eventually
+	must       = testbin.Must
+)
 
-var nsSeq atomic.Int64
-
-// namespace creates a fresh namespace.
-func namespace(t testing.TB, prefix string) string {
-	t.Helper()
-	name := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%100000, nsSeq.Add(1))
-	must(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	return name
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+func namespace(t testing.TB, prefix string) string { return testenv.Namespace(t, k8s, prefix) }
 
 // service creates a ClusterIP Service with one port (80 → target).
 func service(t testing.TB, ns, name string, target int32) *corev1.Service {

@@ -4,19 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
@@ -48,58 +45,19 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// eventually polls cond until it holds or 30 s pass (a deadline, not a
-// sleep that decides the outcome); cond returns a description of the
-// current state for the failure message.
-func eventually(t testing.TB, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		ok, s := cond()
-		last = s
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("timed out waiting for %s; last state: %s", what, last)
-	}
-}
+// eventually, namespace and must are the envtest tests' shared
+// fixtures (internal/testenv, internal/testbin).
+var (
+	eventually = testenv.Eventually
+	must       = testbin.Must
+)
 
-var nsSeq atomic.Int64
+func namespace(t testing.TB, prefix string) string { return testenv.Namespace(t, k8s, prefix) }
 
-// namespace creates a fresh namespace.
-func namespace(t testing.TB, prefix string) string {
-	t.Helper()
-	name := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano()%100000, nsSeq.Add(1))
-	must(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
-	return name
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// pod creates a pod with labels and container ports and sets the status
-// a kubelet reports for it (IP, Ready).
+// pod creates a pod and sets its status as a kubelet would.
 func pod(t testing.TB, ns, name string, labels map[string]string, ip string, ready bool, ports ...int32) {
 	t.Helper()
-	c := corev1.Container{Name: "vllm", Image: "vllm"}
-	for _, p := range ports {
-		c.Ports = append(c.Ports, corev1.ContainerPort{ContainerPort: p})
-	}
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{c}, NodeName: "gpu-1"}}
-	must(t, k8s.Create(context.Background(), p))
-	st := corev1.ConditionFalse
-	if ready {
-		st = corev1.ConditionTrue
-	}
-	p.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
-	}
-	must(t, k8s.Status().Update(context.Background(), p))
+	testenv.Pod(t, k8s, ns, name, labels, ip, ready, ports...)
 }
 
 // endpointSlice creates or replaces slice name of Service svc, its
