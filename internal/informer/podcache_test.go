@@ -2,21 +2,18 @@ package informer
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/internal/testbin"
+	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
 // cachedPods are the pods ("ns/name", sorted) each running pod cache
@@ -40,72 +37,11 @@ func cachedPods(t testing.TB, p *PodCaches) map[PodKey][]string {
 	return out
 }
 
-// createPods creates n pods named prefix-<i> with labels, a container that
-// declares port 8000 and, with ips, the status a kubelet reports for a
-// running pod (IP 10.<ips>.x.y), in parallel.
+// createPods creates n Deployment-shaped pods, with ips running and
+// Ready (testenv.CreatePods).
 func createPods(t testing.TB, ns, prefix string, n int, labels map[string]string, ips ...int) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	work := make(chan int)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				name := fmt.Sprintf("%s-%d", prefix, i)
-				p := benchPod(ns, name, labels)
-				if err := k8s.Create(context.Background(), p); err != nil {
-					errs <- err
-					continue
-				}
-				if len(ips) > 0 {
-					ip := fmt.Sprintf("10.%d.%d.%d", ips[0], i/250, i%250+1)
-					p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: "192.168.0.1",
-						StartTime: &metav1.Time{Time: time.Now()},
-						Conditions: []corev1.PodCondition{
-							{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue},
-							{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}, {Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
-						ContainerStatuses: []corev1.ContainerStatus{{Name: "vllm", Ready: true, Image: "vllm/vllm-openai:v0.6.3", ContainerID: "containerd://" + name}}}
-					if err := k8s.Status().Update(context.Background(), p); err != nil {
-						errs <- err
-					}
-				}
-			}
-		}()
-	}
-	for i := range n {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-}
-
-// benchPod is a pod shaped like a Deployment's: owner reference, template
-// hash, a container with resources, env and probes; most of it is
-// stripped from the cache (discovery.StripPod).
-func benchPod(ns, name string, labels map[string]string) *corev1.Pod {
-	l := map[string]string{"pod-template-hash": "7d9f8b6c5d"}
-	for k, v := range labels {
-		l[k] = v
-	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: l,
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-7d9f8b6c5d", UID: "0b6f1f9e-6b1e-4a52-9a3c-3f1d2e4c5b6a"}}},
-		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{
-			Name: "vllm", Image: "vllm/vllm-openai:v0.6.3",
-			Args:  []string{"--model", "/models/llama-3-8b", "--port", "8000", "--tensor-parallel-size", "1"},
-			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}},
-			Env:   []corev1.EnvVar{{Name: "HF_HOME", Value: "/models"}, {Name: "VLLM_LOGGING_LEVEL", Value: "INFO"}},
-			Resources: corev1.ResourceRequirements{
-				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
-			},
-		}}},
-	}
+	testenv.CreatePods(t, k8s, ns, prefix, n, labels, ips...)
 }
 
 // TestPodCacheHeap measures what a pod cache keeps: POD_CACHE_HEAP=1 runs

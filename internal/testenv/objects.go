@@ -3,11 +3,13 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -65,4 +67,72 @@ func SetPodStatus(t testing.TB, c client.Client, p *corev1.Pod, ip string, ready
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
 	}
 	testbin.Must(t, c.Status().Update(context.Background(), p))
+}
+
+// CreatePods creates n pods named prefix-<i> with labels, a container that
+// declares port 8000 and, with ips, the status a kubelet reports for a
+// running pod (IP 10.<ips>.x.y), in parallel.
+func CreatePods(t testing.TB, c client.Client, ns, prefix string, n int, labels map[string]string, ips ...int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				name := fmt.Sprintf("%s-%d", prefix, i)
+				p := DeploymentPod(ns, name, labels)
+				if err := c.Create(context.Background(), p); err != nil {
+					errs <- err
+					continue
+				}
+				if len(ips) > 0 {
+					ip := fmt.Sprintf("10.%d.%d.%d", ips[0], i/250, i%250+1)
+					p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: "192.168.0.1",
+						StartTime: &metav1.Time{Time: time.Now()},
+						Conditions: []corev1.PodCondition{
+							{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue},
+							{Type: corev1.PodInitialized, Status: corev1.ConditionTrue}, {Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
+						ContainerStatuses: []corev1.ContainerStatus{{Name: "vllm", Ready: true, Image: "vllm/vllm-openai:v0.6.3", ContainerID: "containerd://" + name}}}
+					if err := c.Status().Update(context.Background(), p); err != nil {
+						errs <- err
+					}
+				}
+			}
+		}()
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// DeploymentPod is a pod shaped like a Deployment's: owner reference, template
+// hash, a container with resources, env and probes; most of it is
+// stripped from the cache (discovery.PodRecord).
+func DeploymentPod(ns, name string, labels map[string]string) *corev1.Pod {
+	l := map[string]string{"pod-template-hash": "7d9f8b6c5d"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: l,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs-7d9f8b6c5d", UID: "0b6f1f9e-6b1e-4a52-9a3c-3f1d2e4c5b6a"}}},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{
+			Name: "vllm", Image: "vllm/vllm-openai:v0.6.3",
+			Args:  []string{"--model", "/models/llama-3-8b", "--port", "8000", "--tensor-parallel-size", "1"},
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8000}},
+			Env:   []corev1.EnvVar{{Name: "HF_HOME", Value: "/models"}, {Name: "VLLM_LOGGING_LEVEL", Value: "INFO"}},
+			Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
+			},
+		}}},
+	}
 }
