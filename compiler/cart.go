@@ -19,7 +19,7 @@ type CartWorker struct {
 }
 
 // cartWorkers lists the backends as CART workers, in endpoint order. The
-// URLs share one string (two allocations, not one a worker).
+// URLs share one string (not one allocation a worker).
 func (c *compilation) cartWorkers() []CartWorker {
 	maxLoad := c.route.Spec.Cart.MaxLoad
 	if maxLoad <= 0 {
