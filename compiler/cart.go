@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -17,18 +18,32 @@ type CartWorker struct {
 	MaxLoad int32
 }
 
-// cartWorkers lists the backends as CART workers, in endpoint order.
+// cartWorkers lists the backends as CART workers, in endpoint order. The
+// URLs share one string (not one allocation a worker).
 func (c *compilation) cartWorkers() []CartWorker {
 	maxLoad := c.route.Spec.Cart.MaxLoad
 	if maxLoad <= 0 {
 		maxLoad = 20
 	}
 	out := make([]CartWorker, len(c.backends))
+	ends := make([]int, len(c.backends))
 	buf := make([]byte, 0, 64)
+	size := 0
+	for i := range c.backends {
+		size += len(c.backends[i].appendHostPort(buf[:0]))
+	}
+	var all strings.Builder
+	all.Grow(size + len(c.backends)*len("http://"))
 	for i := range c.backends {
 		buf = append(buf[:0], "http://"...)
 		buf = c.backends[i].appendHostPort(buf)
-		out[i] = CartWorker{URL: string(buf), MaxLoad: maxLoad}
+		all.Write(buf)
+		ends[i] = all.Len()
+	}
+	urls, start := all.String(), 0
+	for i, end := range ends {
+		out[i] = CartWorker{URL: urls[start:end], MaxLoad: maxLoad}
+		start = end
 	}
 	return out
 }
@@ -51,6 +66,30 @@ func RenderCartConfig(base []byte, workers []CartWorker, configMap, owner string
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("%w: %s %s is not a YAML mapping (server/cache/health/workers), left unchanged", ErrCartBase, configMap, CartKey)
 	}
+	if len(workers) > 0 && plainURLs(workers) {
+		// yaml.v3 prints the document with two placeholder workers, and
+		// the workers' own lines replace the placeholders' lines: its
+		// emitter keeps every event of a document until the end (about
+		// 9 KB a worker, 70 MB for 7,800), so it prints only the rest.
+		out, err := encodeCart(&doc, cartPlaceholders[:], configMap, owner)
+		if err != nil {
+			return nil, err
+		}
+		if b, ok := spliceWorkers(out, workers); ok {
+			return b, nil
+		}
+		// An unexpected layout: yaml.v3 prints the whole list.
+		doc = yaml.Node{}
+		if err := yaml.Unmarshal(base, &doc); err != nil {
+			return nil, fmt.Errorf("%w: %s %s is not valid YAML, left unchanged: %v", ErrCartBase, configMap, CartKey, err)
+		}
+	}
+	return encodeCart(&doc, workers, configMap, owner)
+}
+
+// encodeCart replaces the workers list of doc (a checked mapping document,
+// modified in place) by workers and prints the document with yaml.v3.
+func encodeCart(doc *yaml.Node, workers []CartWorker, configMap, owner string) ([]byte, error) {
 	root := doc.Content[0]
 	list := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
 	for _, w := range workers {
@@ -90,13 +129,90 @@ func RenderCartConfig(base []byte, workers []CartWorker, configMap, owner string
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
-	if err := enc.Encode(&doc); err != nil {
+	if err := enc.Encode(doc); err != nil {
 		return nil, fmt.Errorf("encode %s %s: %w", configMap, CartKey, err)
 	}
 	if err := enc.Close(); err != nil {
 		return nil, fmt.Errorf("encode %s %s: %w", configMap, CartKey, err)
 	}
 	return out.Bytes(), nil
+}
+
+// cartPlaceholders stand for the workers when yaml.v3 prints the document:
+// URLs no endpoint renders to (not an IP) and two of them, so the lines
+// of one worker are known to follow those of another.
+var cartPlaceholders = [2]CartWorker{
+	{URL: "http://autoconfig.workers.placeholder.invalid:1", MaxLoad: 1},
+	{URL: "http://autoconfig.workers.placeholder.invalid:2", MaxLoad: 2},
+}
+
+// plainURLs reports whether every URL is http://IPv4:port or
+// http://[IPv6]:port in the characters yaml.v3 prints as a plain scalar
+// in a block sequence (no quotes, no escapes): hex digits, '.', ':', '[',
+// ']', '/'. The compiler's URLs always are (canonical IPs, no zone);
+// another URL makes RenderCartConfig print the list with yaml.v3.
+func plainURLs(workers []CartWorker) bool {
+	for i := range workers {
+		u, ok := strings.CutPrefix(workers[i].URL, "http://")
+		if !ok || u == "" || u[len(u)-1] < '0' || u[len(u)-1] > '9' {
+			return false
+		}
+		for j := 0; j < len(u); j++ {
+			switch c := u[j]; {
+			case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F', c == '.', c == ':', c == '[', c == ']':
+			default:
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// appendCartWorker appends one worker's lines as yaml.v3 prints an item of
+// a block sequence whose "- " starts after indent.
+func appendCartWorker(b []byte, indent string, w *CartWorker) []byte {
+	b = append(b, indent...)
+	b = append(b, "- url: "...)
+	b = append(b, w.URL...)
+	b = append(b, '\n')
+	b = append(b, indent...)
+	b = append(b, "  max_load: "...)
+	b = strconv.AppendInt(b, int64(w.MaxLoad), 10)
+	return append(b, '\n')
+}
+
+// spliceWorkers replaces the placeholders' lines in out (yaml.v3's print
+// of the document with cartPlaceholders as its workers) by those of
+// workers. ok is false unless the placeholders' lines are found exactly
+// once, one worker after the other, in the layout appendCartWorker writes.
+func spliceWorkers(out []byte, workers []CartWorker) (_ []byte, ok bool) {
+	first := []byte("- url: " + cartPlaceholders[0].URL + "\n")
+	at := bytes.Index(out, first)
+	if at < 0 || bytes.Count(out, []byte(cartPlaceholders[0].URL)) != 1 || bytes.Count(out, []byte(cartPlaceholders[1].URL)) != 1 {
+		return nil, false
+	}
+	line := bytes.LastIndexByte(out[:at], '\n') + 1
+	indent := string(out[line:at])
+	if strings.Trim(indent, " ") != "" {
+		return nil, false
+	}
+	var want []byte
+	for i := range cartPlaceholders {
+		want = appendCartWorker(want, indent, &cartPlaceholders[i])
+	}
+	if !bytes.HasPrefix(out[line:], want) {
+		return nil, false
+	}
+	size := len(out) - len(want)
+	for i := range workers {
+		size += 2*len(indent) + len("- url: \n  max_load: \n") + len(workers[i].URL) + 11
+	}
+	b := make([]byte, 0, size)
+	b = append(b, out[:line]...)
+	for i := range workers {
+		b = appendCartWorker(b, indent, &workers[i])
+	}
+	return append(b, out[line+len(want):]...), true
 }
 
 // ErrCartBase is wrapped by RenderCartConfig's errors about the base
