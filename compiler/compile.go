@@ -175,6 +175,38 @@ func OutputKeysFor(route *Route, dynamic bool) []OwnedKey {
 	return out
 }
 
+// Keys is what a route's keys are, from the spec alone: how its marks
+// name it, every key it writes with the spec field that names it, the
+// ConfigMap of its route file and its monitor key. Compile returns it in
+// Result.Keys, so a caller that writes the outputs and guards the keys
+// (the controller's key guard) needs nothing more from the compiler about
+// the route it compiled.
+type Keys struct {
+	// Owner is how the route's marks name it (OwnerRef).
+	Owner string
+	// Outputs are OutputKeysFor(route, dynamic), in Compile's output order.
+	Outputs []OwnedKey
+	// NginxConfigMap is the route file's ConfigMap (namespace/name; ""
+	// when spec.nginx.outputConfigMap is empty).
+	NginxConfigMap string
+	// Monitor is the monitor file's key (zero without spec.monitor or its
+	// outputConfigMap).
+	Monitor OwnedKey
+}
+
+// KeysFor is Keys of route rendered with Options.DynamicPeers = dynamic
+// (from the spec alone, as OutputKeysFor: no validation, no endpoints).
+func KeysFor(route *Route, dynamic bool) Keys {
+	k := Keys{Owner: OwnerRef(route.Namespace, route.Name), Outputs: OutputKeysFor(route, dynamic)}
+	if cm := route.Spec.Nginx.OutputConfigMap; cm != "" {
+		k.NginxConfigMap = ResolveRef(route, cm)
+	}
+	if m := route.Spec.Monitor; m != nil && m.OutputConfigMap != "" {
+		k.Monitor = OwnedKey{ResolveRef(route, m.OutputConfigMap), MonitorKey(MonitorModel(route)), "spec.monitor.model"}
+	}
+	return k
+}
+
 // OwnedKeys are the keys the route's spec renders alone without dynamic
 // peers (OwnedKeysFor(route, false)), the ones removed when the route goes
 // away: OutputKeys without the CART config.yaml, which is the whole
@@ -296,6 +328,7 @@ func Compile(route *Route, snap Snapshot, opts Options) (Result, error) {
 			},
 		})
 	}
+	res.Keys = KeysFor(route, opts.DynamicPeers)
 	if mon := route.Spec.Monitor; mon != nil {
 		model := MonitorModel(route)
 		res.Outputs = append(res.Outputs, Output{

@@ -240,3 +240,31 @@ func TestIdentUnique(t *testing.T) {
 		seen[id] = r
 	}
 }
+
+// TestResultKeys: Result.Keys names exactly the keys Compile renders, in
+// its order, with and without dynamic peers, and the route's mark, route
+// file ConfigMap and monitor key.
+func TestResultKeys(t *testing.T) {
+	r := llmRoute("m", nil, routespec.Peer{Use: "backend", Priority: 2})
+	r.Spec.Cart = &routespec.Cart{OutputConfigMap: "ns2/cart", MaxLoad: 7}
+	r.Spec.Monitor = &routespec.Monitor{OutputConfigMap: "mon", Model: "org/m"}
+	for _, dynamic := range []bool{false, true} {
+		res, err := Compile(r, benchSnapshot(3), Options{DynamicPeers: dynamic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := res.Keys
+		if len(k.Outputs) != len(res.Outputs) {
+			t.Fatalf("dynamic %v: %d keys for %d outputs", dynamic, len(k.Outputs), len(res.Outputs))
+		}
+		for i, o := range res.Outputs {
+			if k.Outputs[i].ConfigMap != o.ConfigMap || k.Outputs[i].Key != o.Key {
+				t.Errorf("dynamic %v: key %d is %s|%s, output %s|%s", dynamic, i, k.Outputs[i].ConfigMap, k.Outputs[i].Key, o.ConfigMap, o.Key)
+			}
+		}
+		if k.Owner != "llm-route/m" || k.NginxConfigMap != "llm-route/openresty-conf" ||
+			k.Monitor != (OwnedKey{"llm-route/mon", "org_m.monitor.conf", "spec.monitor.model"}) {
+			t.Errorf("dynamic %v: keys %+v", dynamic, k)
+		}
+	}
+}

@@ -74,6 +74,10 @@ type Result struct {
 	// endpoint; it rendered no tiers and its engine holds requests (the
 	// controller reports reason ReasonScaledToZero and wakes the target).
 	ScaledToZero bool
+	// Keys are the route's keys (KeysFor with the compile's
+	// Options.DynamicPeers): who their marks name, the spec field naming
+	// each, the route file's ConfigMap and the monitor key.
+	Keys Keys
 }
 
 // SkippedTier is a spec.nginx.peers entry that rendered no tier.

@@ -53,7 +53,9 @@ type Validator interface {
 	ValidateObject(*v1alpha1.ModelRoute) (*v1alpha1.ModelRoute, error)
 }
 
-// CompileFunc renders a route (compiler.Compile).
+// CompileFunc renders a route (compiler.Compile). Its Result must carry
+// the route's keys (Result.Keys) as compiler.Compile's does: the outputs
+// step and the key guard read them there.
 type CompileFunc func(*compiler.Route, compiler.Snapshot, compiler.Options) (compiler.Result, error)
 
 // Reconciler reconciles ModelRoutes. Dependencies are fields so tests can
@@ -130,7 +132,12 @@ type state struct {
 	route   *v1alpha1.ModelRoute // live object; its Status is patched at the end
 	spec    *v1alpha1.ModelRoute // validated, defaulted; read for its name, namespace and spec only
 	snap    compiler.Snapshot
-	result  compiler.Result
+	// inputs are what the compile reads of the cluster besides the
+	// snapshot (the read step).
+	inputs compileInputs
+	// result is the compile's: the outputs and the route's keys (with
+	// nothing to render, the keys alone).
+	result compiler.Result
 	// fallback is the VIP of the route's owned fallback Service (FailOpen
 	// with selector discovery), fed into the snapshot's backend-svc tier.
 	fallback *compiler.ServiceVIP
@@ -183,6 +190,7 @@ func (r *Reconciler) steps() []step {
 		{"watched namespaces", r.checkNamespaces},
 		{"Service grants", r.checkServiceGrants},
 		{"discovery", r.reconcileDiscovery},
+		{"compile inputs", r.readCompileInputs},
 		{"compile", r.reconcileCompile},
 		{"outputs", r.reconcileOutputs},
 		{"consumers", r.reconcileConsumers},

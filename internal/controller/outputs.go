@@ -37,7 +37,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	}
 	key := client.ObjectKeyFromObject(st.route)
 	owners := keyGuard{client: r.Client, trusted: r.TrustedNamespaces}
-	guard := owners.write(ctx, st.route) // before status.outputs changes below
+	guard := owners.write(ctx, st.route, st.result.Keys) // before status.outputs changes below
 	st.result.Outputs = owners.dropUnsafeMonitor(ctx, st, st.result.Outputs)
 	now := map[string][]string{}
 	for _, o := range st.result.Outputs {
@@ -77,7 +77,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 	}
 	if known {
 		if stale := staleKeys(prev, now); len(stale) > 0 {
-			res, err := r.out.Remove(ctx, st.route.Namespace, stale, removeGuard(st.route))
+			res, err := r.out.Remove(ctx, st.route.Namespace, stale, removeGuard(st.result.Keys.Owner))
 			if err != nil {
 				return false, fmt.Errorf("remove keys no longer rendered: %w", err)
 			}
@@ -108,12 +108,12 @@ func (r *Reconciler) checkOutputs(ctx context.Context, st *state) error {
 	owners := keyGuard{client: r.Client, trusted: r.TrustedNamespaces}
 	owners.dropUnsafeMonitor(ctx, st, nil) // only its problem: nothing is written here
 	keys := map[string][]string{}
-	for _, k := range compiler.OutputKeys(compilerRoute(st.route)) {
+	for _, k := range st.result.Keys.Outputs { // without a render: the keys alone, no peers table
 		if ns, _, _ := strings.Cut(k.ConfigMap, "/"); !st.unwatched[ns] {
 			keys[k.ConfigMap] = append(keys[k.ConfigMap], k.Key)
 		}
 	}
-	outcomes, err := r.out.Check(ctx, st.route.Namespace, keys, owners.write(ctx, st.route))
+	outcomes, err := r.out.Check(ctx, st.route.Namespace, keys, owners.write(ctx, st.route, st.result.Keys))
 	if err != nil {
 		return fmt.Errorf("check outputs: %w", err)
 	}
@@ -216,7 +216,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, route *v1alpha1.ModelR
 	// wrote: the spec may name other keys by now.
 	prev, _ := r.Routes.rendered.get(key)
 	keys = unionKeys(keys, staleKeys(unionKeys(prev, ownedFromStatus(route.Status.Outputs)), keys))
-	outcomes, err := r.out.Remove(ctx, route.Namespace, keys, removeGuard(route))
+	// No compile here (the spec may be invalid by now): the mark's name
+	// comes from the route itself.
+	outcomes, err := r.out.Remove(ctx, route.Namespace, keys, removeGuard(compiler.OwnerRef(route.Namespace, route.Name)))
 	if err != nil {
 		return fmt.Errorf("remove route keys: %w", err)
 	}

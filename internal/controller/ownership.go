@@ -35,8 +35,8 @@ import (
 const AdoptForeignKeysAnnotation = "routing.modelsphere.dev/adopt-foreign-keys"
 
 // IndexRouteOutputKey indexes ModelRoutes by every key they write, as
-// "ns/configmap|key" (compiler.OutputKeysFor with dynamic peers, so the
-// peers table key too): the routes claiming one key.
+// "ns/configmap|key" (otherRouteKeys: with dynamic peers, so the peers
+// table key too): the routes claiming one key.
 const IndexRouteOutputKey = "route.routing.modelsphere.dev/output-key"
 
 // IndexRouteMonitorConfigMap indexes ModelRoutes by their monitor output
@@ -59,11 +59,23 @@ func SetupOwnershipIndex(ctx context.Context, idx client.FieldIndexer) error {
 	}
 	return idx.IndexField(ctx, &v1alpha1.ModelRoute{}, IndexRouteMonitorConfigMap, func(o client.Object) []string {
 		rt, ok := o.(*v1alpha1.ModelRoute)
-		if !ok || rt.Spec.Monitor == nil || rt.Spec.Monitor.OutputConfigMap == "" {
+		if !ok {
 			return nil
 		}
-		return []string{compiler.ResolveRef(compilerRoute(rt), rt.Spec.Monitor.OutputConfigMap)}
+		if cm := otherRouteKeys(rt).Monitor.ConfigMap; cm != "" {
+			return []string{cm}
+		}
+		return nil
 	})
+}
+
+// otherRouteKeys is what the key guard asks the compiler about a route
+// other than the one it guards (one the cache's indexes or a key's mark
+// name): its keys from its spec alone, with dynamic peers (the peers table
+// key too), and how its marks name it. The guarded route's own keys come
+// with its compile (compiler.Result.Keys).
+func otherRouteKeys(rt *v1alpha1.ModelRoute) compiler.Keys {
+	return compiler.KeysFor(compilerRoute(rt), true)
 }
 
 // keyGuard decides who may write a key: the ownership marks in the
@@ -75,15 +87,19 @@ type keyGuard struct {
 }
 
 // nginxConfigMapUser returns a route (ns/name) whose nginx output is cm,
-// preferring route itself ("" = none): openresty includes every *.conf key
-// of that ConfigMap, so a monitor file must never go there.
-func (g keyGuard) nginxConfigMapUser(ctx context.Context, route *v1alpha1.ModelRoute, cm string) string {
-	if compiler.ResolveRef(compilerRoute(route), route.Spec.Nginx.OutputConfigMap) == cm {
-		return compiler.OwnerRef(route.Namespace, route.Name)
+// preferring the route whose keys are own ("" = none): openresty includes
+// every *.conf key of that ConfigMap, so a monitor file must never go
+// there.
+func (g keyGuard) nginxConfigMapUser(ctx context.Context, own compiler.Keys, cm string) string {
+	if own.NginxConfigMap == cm {
+		return own.Owner
 	}
 	for _, rt := range informer.RoutesBy(ctx, g.client, discovery.IndexRouteConfigMap, cm) {
-		if rt.DeletionTimestamp.IsZero() && compiler.ResolveRef(compilerRoute(&rt), rt.Spec.Nginx.OutputConfigMap) == cm {
-			return compiler.OwnerRef(rt.Namespace, rt.Name)
+		if !rt.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if other := otherRouteKeys(&rt); other.NginxConfigMap == cm {
+			return other.Owner
 		}
 	}
 	return ""
@@ -93,16 +109,15 @@ func (g keyGuard) nginxConfigMapUser(ctx context.Context, route *v1alpha1.ModelR
 // nginx output ConfigMap (of this route or another), and says so. A
 // monitor key the route wrote there before is then removed as stale.
 func (g keyGuard) dropUnsafeMonitor(ctx context.Context, st *state, outputs []compiler.Output) []compiler.Output {
-	mon := st.route.Spec.Monitor
-	if mon == nil {
+	mon := st.result.Keys.Monitor
+	if mon.ConfigMap == "" {
 		return outputs
 	}
-	cm := compiler.ResolveRef(compilerRoute(st.route), mon.OutputConfigMap)
-	user := g.nginxConfigMapUser(ctx, st.route, cm)
+	cm, key := mon.ConfigMap, mon.Key
+	user := g.nginxConfigMapUser(ctx, st.result.Keys, cm)
 	if user == "" {
 		return outputs
 	}
-	key := compiler.MonitorKey(compiler.MonitorModel(compilerRoute(st.route)))
 	st.blockAt(ReasonMonitorInNginxConfigMap, fmt.Sprintf(
 		"spec.monitor.outputConfigMap %s is the nginx output ConfigMap of ModelRoute %s: openresty includes every *.conf key there, so the monitor file %s would be loaded as nginx configuration; nothing is written there (and a monitor file written earlier is removed): write the monitor lines to the monitoring agent's own ConfigMap",
 		cm, user, key), false, cm+"|"+key)
@@ -111,7 +126,7 @@ func (g keyGuard) dropUnsafeMonitor(ctx context.Context, st *state, outputs []co
 
 func outputKeyValues(rt *v1alpha1.ModelRoute) []string {
 	var out []string
-	for _, k := range compiler.OutputKeysFor(compilerRoute(rt), true) {
+	for _, k := range otherRouteKeys(rt).Outputs {
 		out = append(out, k.ConfigMap+"|"+k.Key)
 	}
 	return out
@@ -152,11 +167,12 @@ func (e *ForeignError) Error() string {
 		e.Key, e.ConfigMap, AdoptForeignKeysAnnotation, e.Field)
 }
 
-// write decides per key whether route may write it (package comment).
-func (g keyGuard) write(ctx context.Context, route *v1alpha1.ModelRoute) sink.Guard {
-	me := compiler.OwnerRef(route.Namespace, route.Name)
+// write decides per key whether route, whose keys are own (its compile's
+// Result.Keys), may write it (package comment).
+func (g keyGuard) write(ctx context.Context, route *v1alpha1.ModelRoute, own compiler.Keys) sink.Guard {
+	me := own.Owner
 	fields := map[string]string{}
-	for _, k := range compiler.OutputKeysFor(compilerRoute(route), true) {
+	for _, k := range own.Outputs {
 		fields[k.ConfigMap+"|"+k.Key] = k.Field
 	}
 	adopt := route.Annotations[AdoptForeignKeysAnnotation] == "true"
@@ -181,16 +197,16 @@ func (g keyGuard) write(ctx context.Context, route *v1alpha1.ModelRoute) sink.Gu
 				return &ForeignError{ConfigMap: ref, Key: key, Field: field}
 			}
 		}
-		if first := g.firstClaimant(ctx, route, cm, key); first != me {
+		if first := g.firstClaimant(ctx, route, me, cm, key); first != me {
 			return &ConflictError{ConfigMap: ref, Key: key, Owner: first, Field: field}
 		}
 		return nil
 	}
 }
 
-// removeGuard lets route remove only keys that carry its own mark.
-func removeGuard(route *v1alpha1.ModelRoute) sink.Guard {
-	me := compiler.OwnerRef(route.Namespace, route.Name)
+// removeGuard lets a route remove only keys that carry its own mark (me,
+// as the marks name it).
+func removeGuard(me string) sink.Guard {
 	return func(cm *corev1.ConfigMap, key string) error {
 		if owner := compiler.ReadContent(key, []byte(cm.Data[key])).Owner; owner != me {
 			if owner == "" {
@@ -227,9 +243,9 @@ func claimant(rt *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string, trusted
 }
 
 // firstClaimant is the route (ns/name) with the best claim on an unowned
-// key: the oldest live claimant, then by namespace/name. route counts as a
-// claimant even before the cache has it.
-func (g keyGuard) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, cm *corev1.ConfigMap, key string) string {
+// key: the oldest live claimant, then by namespace/name. route (its marks
+// name it me) counts as a claimant even before the cache has it.
+func (g keyGuard) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute, me string, cm *corev1.ConfigMap, key string) string {
 	best := route
 	for _, rt := range informer.RoutesBy(ctx, g.client, IndexRouteOutputKey, cm.Namespace+"/"+cm.Name+"|"+key) {
 		if rt.UID == route.UID || !claimant(&rt, cm, key, g.trusted) {
@@ -239,7 +255,10 @@ func (g keyGuard) firstClaimant(ctx context.Context, route *v1alpha1.ModelRoute,
 			best = &rt
 		}
 	}
-	return compiler.OwnerRef(best.Namespace, best.Name)
+	if best == route {
+		return me
+	}
+	return otherRouteKeys(best).Owner
 }
 
 // older orders routes by creationTimestamp, then namespace/name.

@@ -201,45 +201,113 @@ func (r *Reconciler) reconcileDiscovery(ctx context.Context, st *state) (bool, e
 	return false, nil
 }
 
-// reconcileCompile renders the outputs from the validated spec and the
-// snapshot (pure Go; no CUE here). A failure leaves nothing to write.
-func (r *Reconciler) reconcileCompile(ctx context.Context, st *state) (bool, error) {
+// compileInputs is what the compile needs from the cluster besides the
+// snapshot, gathered by the read step (readCompileInputs) so the compile
+// step itself reads nothing.
+type compileInputs struct {
+	// dynamicPeers: the route's nginx output ConfigMap declares that its
+	// engine takes peers dynamically (peers.Annotation "true"), or the
+	// controller renders so for every route (CompileOptions).
+	dynamicPeers bool
+	// skipNotes are what the cluster says about the Service a skipped
+	// tier would have used, by the tier's use (cart, backend-svc): " (Service
+	// ns/name does not exist)", " (Service ns/name is headless)".
+	skipNotes map[string]string
+}
+
+// readCompileInputs reads what the compile needs besides the snapshot:
+// the nginx output ConfigMap's dynamic-peers annotation (dynamicPeers) and,
+// for a cart or backend-svc tier discovery found no Service VIP for, that
+// Service (the detail of the tier the compile will skip). A failed read of
+// the annotation leaves nothing to render (retried).
+func (r *Reconciler) readCompileInputs(ctx context.Context, st *state) (bool, error) {
+	st.inputs = compileInputs{dynamicPeers: r.CompileOptions.DynamicPeers}
 	if st.noRender {
 		return false, nil
 	}
-	st.noRender = true // until the compile succeeds
+	if !st.inputs.dynamicPeers {
+		dyn, err := r.dynamicPeers(ctx, st.spec)
+		if err != nil {
+			st.noRender = true
+			st.block(ReasonRetrying, err.Error(), true)
+			return false, nil
+		}
+		st.inputs.dynamicPeers = dyn
+	}
+	for _, t := range []struct {
+		use string
+		ref string
+		vip *compiler.ServiceVIP
+	}{
+		{routespec.UseCart, cartServiceRef(st.spec), st.snap.CartService},
+		{routespec.UseBackendSvc, st.spec.Spec.Discovery.Service, st.snap.BackendService},
+	} {
+		if t.ref == "" || (t.vip != nil && t.vip.IP != "" && t.vip.IP != corev1.ClusterIPNone) ||
+			!slices.ContainsFunc(st.spec.Spec.Nginx.Peers, func(p routespec.Peer) bool { return p.Use == t.use }) {
+			// A tier with a VIP renders (or is skipped for a reason
+			// that is not its Service's).
+			continue
+		}
+		if note := r.serviceNote(ctx, t.ref, st.route.Namespace); note != "" {
+			if st.inputs.skipNotes == nil {
+				st.inputs.skipNotes = map[string]string{}
+			}
+			st.inputs.skipNotes[t.use] = note
+		}
+	}
+	return false, nil
+}
+
+// cartServiceRef is the Service of spec.cart ("" without spec.cart).
+func cartServiceRef(route *v1alpha1.ModelRoute) string {
+	if c := route.Spec.Cart; c != nil {
+		return c.Service
+	}
+	return ""
+}
+
+// reconcileCompile renders the outputs from the validated spec, the
+// snapshot and the compile inputs (pure Go; no CUE, no reads here). A
+// failure leaves nothing to write. With nothing to render, the result
+// holds the route's keys alone (for the outputs step's check).
+func (r *Reconciler) reconcileCompile(_ context.Context, st *state) (bool, error) {
+	route := compilerRoute(st.spec)
+	if !st.noRender {
+		st.noRender = !r.compile(st, route)
+	}
+	if st.noRender {
+		st.result = compiler.Result{Keys: compiler.KeysFor(route, false)}
+	}
+	return false, nil
+}
+
+// compile runs the compile and records its problems; ok: st.result holds
+// the render.
+func (r *Reconciler) compile(st *state, route *compiler.Route) (ok bool) {
 	compile := r.Compile
 	if compile == nil {
 		compile = compiler.Compile
 	}
 	opts := r.CompileOptions
-	if !opts.DynamicPeers {
-		dyn, err := r.dynamicPeers(ctx, st.spec)
-		if err != nil {
-			st.block(ReasonRetrying, err.Error(), true)
-			return false, nil
-		}
-		opts.DynamicPeers = dyn
-	}
-	res, err := compile(compilerRoute(st.spec), st.snap, opts)
+	opts.DynamicPeers = st.inputs.dynamicPeers
+	res, err := compile(route, st.snap, opts)
 	if errors.Is(err, compiler.ErrNoBackends) {
 		st.block(ReasonNoBackends, err.Error(), true)
-		return false, nil
+		return false
 	}
 	if err != nil {
 		// The inputs come from the spec and the cluster, both watched: a
 		// change re-renders, a timer would not help.
 		st.block(ReasonCompileFailed, err.Error(), false)
-		return false, nil
+		return false
 	}
 	st.result = res
 	skipped := make([]string, len(res.Skipped))
 	for i, sk := range res.Skipped {
-		skipped[i] = sk.String() + r.skipDetail(ctx, st, sk)
+		skipped[i] = sk.String() + st.inputs.skipNotes[sk.Use]
 	}
 	markDegraded(st.route, skipped, canaryDegraded(st))
-	st.noRender = false
-	return false, nil
+	return true
 }
 
 // dynamicPeers reports whether the route's nginx output ConfigMap declares
@@ -263,19 +331,11 @@ func (r *Reconciler) dynamicPeers(ctx context.Context, route *v1alpha1.ModelRout
 	return meta.GetAnnotations()[peers.Annotation] == "true", nil
 }
 
-// skipDetail adds what the cluster says about a skipped tier's Service.
-func (r *Reconciler) skipDetail(ctx context.Context, st *state, sk compiler.SkippedTier) string {
-	var ref string
-	switch {
-	case sk.Use == routespec.UseCart && st.spec.Spec.Cart != nil:
-		ref = st.spec.Spec.Cart.Service
-	case sk.Use == routespec.UseBackendSvc:
-		ref = st.spec.Spec.Discovery.Service
-	}
-	if ref == "" {
-		return ""
-	}
-	ns, name := routespec.SplitRef(ref, st.route.Namespace)
+// serviceNote says what the cluster says about a Service a tier would use
+// when it does not exist or is headless ("" otherwise, or when it cannot
+// be read).
+func (r *Reconciler) serviceNote(ctx context.Context, ref, routeNS string) string {
+	ns, name := routespec.SplitRef(ref, routeNS)
 	var svc corev1.Service
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); {
 	case apierrors.IsNotFound(err):
