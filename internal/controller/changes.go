@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/routemetrics"
 	"github.com/modelsphere/autoconfig/internal/sink"
 )
 
@@ -136,7 +137,7 @@ func (r *Reconciler) reportChanges(st *state, outcomes []sink.Outcome) {
 	key := types.NamespacedName{Namespace: route.Namespace, Name: route.Name}
 	now := time.Now()
 	changeToWrite.Observe(now.Sub(st.started).Seconds())
-	routeSeries.set(key, gaugeLastWrite, float64(now.Unix()))
+	routeSeries.Set(key, routemetrics.LastWrite, float64(now.Unix()))
 	backends := endpointSet(st.snap.Backends)
 	added, removed, first, event, suppressed := r.Routes.changes.record(key, backends, now)
 	what := "first write since the controller started"

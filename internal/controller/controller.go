@@ -29,6 +29,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/informer"
+	"github.com/modelsphere/autoconfig/internal/routemetrics"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/sink"
@@ -334,8 +335,8 @@ func (r *Reconciler) patchStatus(ctx context.Context, orig, route *v1alpha1.Mode
 		r.emitTransition(orig, route)
 	}
 	key := client.ObjectKeyFromObject(route)
-	routeSeries.set(key, gaugeBackends, float64(route.Status.Backends))
-	routeSeries.set(key, gaugeCartPeers, float64(route.Status.CartPeers))
+	routeSeries.Set(key, routemetrics.Backends, float64(route.Status.Backends))
+	routeSeries.Set(key, routemetrics.CartPeers, float64(route.Status.CartPeers))
 	if equality.Semantic.DeepEqual(orig.Status, route.Status) {
 		return retErr
 	}

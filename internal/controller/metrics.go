@@ -1,13 +1,12 @@
 package controller
 
 import (
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/modelsphere/autoconfig/internal/buildinfo"
+	"github.com/modelsphere/autoconfig/internal/routemetrics"
 )
 
 // Metrics live in controller-runtime's registry (not the global default
@@ -57,97 +56,5 @@ func init() {
 		routeSeries, writeConflictsCounter, buildinfo.Collector("autoconfig"))
 }
 
-// The per-route gauges: one series each per ModelRoute, removed with the
-// route. They are kept as four numbers per route and turned into series
-// when scraped (routeGauges.Collect), not as GaugeVec children: a child
-// keeps its label pairs, its own metric and its hash entry: about 1.7 KB
-// of live heap per route for the four (1.7 MB at 1000 routes, all of it
-// scanned by every GC cycle), against under 100 bytes here
-// (TestRouteSeriesMemory).
-
-// gaugeKind names one of a route's gauges.
-type gaugeKind int
-
-const (
-	gaugeBackends gaugeKind = iota
-	gaugeCartPeers
-	gaugeLastWrite
-	gaugeBlockedKeys
-	routeGaugeCount
-)
-
-// routeGaugeDescs describe the gauges, by gaugeKind.
-var routeGaugeDescs = [routeGaugeCount]*prometheus.Desc{
-	gaugeBackends:    routeDesc("autoconfig_route_backends", "Backend endpoints in the route's last rendered output (status.backends)."),
-	gaugeCartPeers:   routeDesc("autoconfig_route_cart_peers", "CART endpoints discovered for the route (status.cartPeers)."),
-	gaugeLastWrite:   routeDesc("autoconfig_route_last_write_timestamp_seconds", "Unix time of the route's last output write by this controller process (absent until its first write)."),
-	gaugeBlockedKeys: routeDesc("autoconfig_route_blocked_keys", "Keys the route renders but may not write: held by another route (OutputConflict) or hand-written without a mark (OutputKeyForeign)."),
-}
-
-func routeDesc(name, help string) *prometheus.Desc {
-	return prometheus.NewDesc(name, help, []string{"namespace", "route"}, nil)
-}
-
-// routeValues are one route's gauges; set tells which have a value (a
-// gauge never set has no series, as a GaugeVec child never created).
-type routeValues struct {
-	v   [routeGaugeCount]float64
-	set uint8
-}
-
-// routeGauges is the collector of the per-route gauges.
-type routeGauges struct {
-	mu sync.Mutex
-	m  map[types.NamespacedName]routeValues
-}
-
-var routeSeries = &routeGauges{}
-
-// set sets gauge g of the route key.
-func (c *routeGauges) set(key types.NamespacedName, g gaugeKind, v float64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[types.NamespacedName]routeValues{}
-	}
-	rv := c.m[key]
-	rv.v[g] = v
-	rv.set |= 1 << g
-	c.m[key] = rv
-}
-
-// forget removes the route's series.
-func (c *routeGauges) forget(key types.NamespacedName) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, key)
-}
-
-// Describe implements prometheus.Collector.
-func (c *routeGauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range routeGaugeDescs {
-		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector: a series per route and gauge
-// that has a value.
-func (c *routeGauges) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	type series struct {
-		key types.NamespacedName
-		rv  routeValues
-	}
-	all := make([]series, 0, len(c.m))
-	for k, rv := range c.m {
-		all = append(all, series{k, rv})
-	}
-	c.mu.Unlock()
-	for _, s := range all {
-		for g, d := range routeGaugeDescs {
-			if s.rv.set&(1<<g) != 0 {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, s.rv.v[g], s.key.Namespace, s.key.Name)
-			}
-		}
-	}
-}
+// routeSeries are the per-route gauges (internal/routemetrics).
+var routeSeries = &routemetrics.Gauges{}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/modelsphere/autoconfig/compiler"
+	"github.com/modelsphere/autoconfig/internal/routemetrics"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -72,7 +73,7 @@ func (r *Reconciler) reconcileOutputs(ctx context.Context, st *state) (bool, err
 			configMapWrites.WithLabelValues(string(o.State)).Inc()
 			blocked += len(o.Blocked)
 		}
-		routeSeries.set(client.ObjectKeyFromObject(st.route), gaugeBlockedKeys, float64(blocked))
+		routeSeries.Set(client.ObjectKeyFromObject(st.route), routemetrics.BlockedKeys, float64(blocked))
 		r.reportChanges(st, outcomes)
 	}
 	if known {

@@ -44,7 +44,7 @@ func (s *RouteState) Forget(key types.NamespacedName) {
 	s.changes.forget(key)
 	s.applied.forget(key)
 	s.writes.set(key, "")
-	routeSeries.forget(key)
+	routeSeries.Forget(key)
 }
 
 // renderedKeys remembers the keys each route last rendered (ConfigMap →

@@ -226,7 +226,7 @@ func (r *Reconciler) readCompileInputs(ctx context.Context, st *state) (bool, er
 		return false, nil
 	}
 	if !st.inputs.dynamicPeers {
-		dyn, err := r.dynamicPeers(ctx, st.spec)
+		dyn, err := dynamicPeers(ctx, r.Client, st.spec)
 		if err != nil {
 			st.noRender = true
 			st.block(ReasonRetrying, err.Error(), true)
@@ -248,7 +248,7 @@ func (r *Reconciler) readCompileInputs(ctx context.Context, st *state) (bool, er
 			// that is not its Service's).
 			continue
 		}
-		if note := r.serviceNote(ctx, t.ref, st.route.Namespace); note != "" {
+		if note := serviceNote(ctx, r.Client, t.ref, st.route.Namespace); note != "" {
 			if st.inputs.skipNotes == nil {
 				st.inputs.skipNotes = map[string]string{}
 			}
@@ -314,7 +314,7 @@ func (r *Reconciler) compile(st *state, route *compiler.Route) (ok bool) {
 // that its engine takes peers dynamically (peers.Annotation "true"): then
 // the route file leaves the peers to the peers table key. A ConfigMap
 // that does not exist declares nothing (the write reports it missing).
-func (r *Reconciler) dynamicPeers(ctx context.Context, route *v1alpha1.ModelRoute) (bool, error) {
+func dynamicPeers(ctx context.Context, c client.Reader, route *v1alpha1.ModelRoute) (bool, error) {
 	ref := route.Spec.Nginx.OutputConfigMap
 	if ref == "" {
 		return false, nil
@@ -322,7 +322,7 @@ func (r *Reconciler) dynamicPeers(ctx context.Context, route *v1alpha1.ModelRout
 	ns, name := routespec.SplitRef(ref, route.Namespace)
 	meta := &metav1.PartialObjectMetadata{}
 	meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, meta); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, meta); err != nil {
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -334,10 +334,10 @@ func (r *Reconciler) dynamicPeers(ctx context.Context, route *v1alpha1.ModelRout
 // serviceNote says what the cluster says about a Service a tier would use
 // when it does not exist or is headless ("" otherwise, or when it cannot
 // be read).
-func (r *Reconciler) serviceNote(ctx context.Context, ref, routeNS string) string {
+func serviceNote(ctx context.Context, c client.Reader, ref, routeNS string) string {
 	ns, name := routespec.SplitRef(ref, routeNS)
 	var svc corev1.Service
-	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); {
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); {
 	case apierrors.IsNotFound(err):
 		return fmt.Sprintf(" (Service %s/%s does not exist)", ns, name)
 	case err == nil && svc.Spec.ClusterIP == corev1.ClusterIPNone:

@@ -1,4 +1,4 @@
-package controller
+package routemetrics
 
 import (
 	"fmt"
@@ -38,7 +38,7 @@ func gatherRoute(t *testing.T, reg *prometheus.Registry, key types.NamespacedNam
 // labels, follow the last value and are gone with the route; another
 // route's series stay.
 func TestRouteSeries(t *testing.T) {
-	c := &routeGauges{}
+	c := &Gauges{}
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(c); err != nil {
 		t.Fatal(err)
@@ -48,22 +48,22 @@ func TestRouteSeries(t *testing.T) {
 	if got := gatherRoute(t, reg, a); len(got) != 0 {
 		t.Fatalf("before any set: %v", got)
 	}
-	c.set(a, gaugeBackends, 3)
-	c.set(a, gaugeCartPeers, 2)
-	c.set(a, gaugeBlockedKeys, 0)
-	c.set(b, gaugeBackends, 7)
+	c.Set(a, Backends, 3)
+	c.Set(a, CartPeers, 2)
+	c.Set(a, BlockedKeys, 0)
+	c.Set(b, Backends, 7)
 	got := gatherRoute(t, reg, a)
 	want := map[string]float64{"autoconfig_route_backends": 3, "autoconfig_route_cart_peers": 2, "autoconfig_route_blocked_keys": 0}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("route a: %v, want %v (no last write before the first)", got, want)
 	}
-	c.set(a, gaugeBackends, 4)
-	c.set(a, gaugeLastWrite, 1700000000)
+	c.Set(a, Backends, 4)
+	c.Set(a, LastWrite, 1700000000)
 	got = gatherRoute(t, reg, a)
 	if got["autoconfig_route_backends"] != 4 || got["autoconfig_route_last_write_timestamp_seconds"] != 1700000000 {
 		t.Fatalf("after updates: %v", got)
 	}
-	c.forget(a)
+	c.Forget(a)
 	if got := gatherRoute(t, reg, a); len(got) != 0 {
 		t.Fatalf("after forget: %v", got)
 	}
@@ -84,13 +84,13 @@ func TestRouteSeriesMemory(t *testing.T) {
 	for i := range keys {
 		keys[i] = types.NamespacedName{Namespace: fmt.Sprintf("ns-%02d", i%10), Name: fmt.Sprintf("model-%05d", i)}
 	}
-	c := &routeGauges{}
+	c := &Gauges{}
 	before := testbin.HeapAfterGC()
 	for i, k := range keys {
-		c.set(k, gaugeBackends, float64(i))
-		c.set(k, gaugeCartPeers, 1)
-		c.set(k, gaugeLastWrite, 1700000000)
-		c.set(k, gaugeBlockedKeys, 0)
+		c.Set(k, Backends, float64(i))
+		c.Set(k, CartPeers, 1)
+		c.Set(k, LastWrite, 1700000000)
+		c.Set(k, BlockedKeys, 0)
 	}
 	perRoute := float64(testbin.HeapAfterGC()-before) / routes
 	runtime.KeepAlive(c)
@@ -99,4 +99,14 @@ func TestRouteSeriesMemory(t *testing.T) {
 	if perRoute > 300 {
 		t.Fatalf("%.0f bytes per route for four gauges, want at most 300", perRoute)
 	}
+}
+
+// labelIs reports whether m has the label k=v.
+func labelIs(m *dto.Metric, k, v string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == k {
+			return l.GetValue() == v
+		}
+	}
+	return false
 }
