@@ -1,7 +1,6 @@
 package controller
 
 import (
-
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
