@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/testenv"
@@ -21,16 +19,7 @@ func cachedPods(t testing.TB, p *informer.PodCaches) map[informer.PodKey][]strin
 	t.Helper()
 	out := map[informer.PodKey][]string{}
 	for k, c := range p.Synced() {
-		var l corev1.PodList
-		if err := c.List(context.Background(), &l, client.UnsafeDisableDeepCopy); err != nil {
-			t.Fatalf("pod cache %s: %v", k, err)
-		}
-		keys := []string{}
-		for _, p := range l.Items {
-			keys = append(keys, p.Namespace+"/"+p.Name)
-		}
-		slices.Sort(keys)
-		out[k] = keys
+		out[k] = testenv.PodKeys(t, c)
 	}
 	return out
 }

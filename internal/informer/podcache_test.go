@@ -4,13 +4,10 @@ import (
 	"context"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
@@ -23,16 +20,7 @@ func cachedPods(t testing.TB, p *PodCaches) map[PodKey][]string {
 	t.Helper()
 	out := map[PodKey][]string{}
 	for k, e := range p.synced() {
-		var l corev1.PodList
-		if err := e.cache.List(context.Background(), &l, client.UnsafeDisableDeepCopy); err != nil {
-			t.Fatalf("pod cache %s: %v", k, err)
-		}
-		keys := []string{}
-		for _, p := range l.Items {
-			keys = append(keys, p.Namespace+"/"+p.Name)
-		}
-		slices.Sort(keys)
-		out[k] = keys
+		out[k] = testenv.PodKeys(t, e.cache)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,4 +136,18 @@ func DeploymentPod(ns, name string, labels map[string]string) *corev1.Pod {
 			},
 		}}},
 	}
+}
+
+// PodKeys lists the pods c holds (a cache: without deep copies) as sorted
+// "namespace/name" keys.
+func PodKeys(t testing.TB, c client.Reader) []string {
+	t.Helper()
+	var l corev1.PodList
+	testbin.Must(t, c.List(context.Background(), &l, client.UnsafeDisableDeepCopy))
+	keys := make([]string, 0, len(l.Items))
+	for _, p := range l.Items {
+		keys = append(keys, p.Namespace+"/"+p.Name)
+	}
+	slices.Sort(keys)
+	return keys
 }
