@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 
-
 	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"

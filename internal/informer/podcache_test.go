@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/modelsphere/autoconfig/internal/testbin"
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
