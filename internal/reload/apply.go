@@ -221,23 +221,25 @@ func (a *applier) search(ctx context.Context, desired map[string][]byte) next {
 }
 
 // setQuarantine replaces the quarantine with q, logging what entered and
-// left it.
+// left it. The gauge is set first, so whoever reads the log line finds the
+// metric already saying so.
 func (a *applier) setQuarantine(desired map[string][]byte, q map[string]quarantined) {
+	prev := a.quarantine
+	a.quarantine = q
+	a.metrics.QuarantinedKeys.Set(float64(len(q)))
 	for _, k := range slices.Sorted(maps.Keys(q)) {
-		if old, ok := a.quarantine[k]; ok && old.hash == q[k].hash {
+		if old, ok := prev[k]; ok && old.hash == q[k].hash {
 			continue
 		}
 		_, present := desired[k]
 		a.log.Error("quarantined: the new version of this key fails the check; its last good version stays and every other key is loaded",
 			"key", k, "removal", !present, "err", q[k].err)
 	}
-	for _, k := range slices.Sorted(maps.Keys(a.quarantine)) {
+	for _, k := range slices.Sorted(maps.Keys(prev)) {
 		if _, ok := q[k]; !ok {
 			a.log.Info("released from quarantine: the key's current version is loaded", "key", k)
 		}
 	}
-	a.quarantine = q
-	a.metrics.QuarantinedKeys.Set(float64(len(q)))
 }
 
 func (a *applier) quarantinedKeys() []string {

@@ -1,6 +1,11 @@
 package reload
 
 import (
+	"context"
+	"log/slog"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"maps"
 	"os"
 	"path/filepath"
@@ -184,5 +189,43 @@ func TestSnapshotIsPinnedToOneVersion(t *testing.T) {
 	os.WriteFile(filepath.Join(plain, "a.conf"), []byte("2"), 0o644)
 	if p2, _ := ContentID([]string{plain}); p2 == p1 || !strings.HasPrefix(p1, "hash:") {
 		t.Fatalf("plain directory IDs %q, %q", p1, p2)
+	}
+}
+
+// gaugeAtLog is a slog handler that records, for each record whose
+// message starts with prefix, what the gauge read when it was logged.
+type gaugeAtLog struct {
+	t      *testing.T
+	prefix string
+	gauge  prometheus.Gauge
+	seen   *[]float64
+}
+
+func (h gaugeAtLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h gaugeAtLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		*h.seen = append(*h.seen, gaugeValue(h.t, h.gauge))
+	}
+	return nil
+}
+func (h gaugeAtLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h gaugeAtLog) WithGroup(string) slog.Handler      { return h }
+
+// TestQuarantineGaugeSetBeforeItsLogLine: whoever reads the "quarantined"
+// or "released" line (an operator, an alert on the log, a test) finds
+// autoconfig_reload_quarantined_keys already saying so.
+func TestQuarantineGaugeSetBeforeItsLogLine(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	var entered, released []float64
+	log := slog.New(slog.NewMultiHandler(
+		gaugeAtLog{t, "quarantined:", m.QuarantinedKeys, &entered},
+		gaugeAtLog{t, "released from quarantine", m.QuarantinedKeys, &released},
+	))
+	a := &applier{env: &env{log: log, metrics: m}}
+	desired := map[string][]byte{"a.conf": []byte("broken"), "b.conf": []byte("broken")}
+	a.setQuarantine(desired, map[string]quarantined{"a.conf": {hash: "1"}, "b.conf": {hash: "2"}})
+	a.setQuarantine(desired, nil)
+	if !slices.Equal(entered, []float64{2, 2}) || !slices.Equal(released, []float64{0, 0}) {
+		t.Fatalf("gauge at the quarantined lines %v (want 2 2), at the released lines %v (want 0 0)", entered, released)
 	}
 }
