@@ -134,7 +134,10 @@ function M.wait(r, sync)
   state.incr(r, K_TOTAL, 1)
   ngx.update_time()
   local start = ngx.now()
-  local deadline = start + r.hold.timeout
+  -- ngx.now() has millisecond resolution and truncates: the request came
+  -- up to 1 ms after start says, so the deadline is 1 ms later and the
+  -- 503 never comes before hold_timeout has passed.
+  local deadline = start + r.hold.timeout + 0.001
   local addr = ngx.var.server_addr
   local next_poke = 0
   local ok, res = pcall(function()
