@@ -2,13 +2,16 @@ package testenv_test
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -16,12 +19,16 @@ import (
 	"github.com/modelsphere/autoconfig/internal/testenv"
 )
 
-// TestStartInstallsCRDs: the control plane runs and the ModelRoute CRD
-// from deploy/crds is Established.
+// TestStartInstallsCRDs: the control plane runs, the ModelRoute CRD from
+// deploy/crds is Established, and Services get ClusterIPs from
+// ServiceCIDR (a /16, not envtest's /24 of 254).
 func TestStartInstallsCRDs(t *testing.T) {
 	_, cfg := testenv.Start(t)
 	s := runtime.NewScheme()
 	if err := apiextv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := corev1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: s})
@@ -42,6 +49,15 @@ func TestStartInstallsCRDs(t *testing.T) {
 	}
 	if !established {
 		t.Errorf("CRD not Established: %+v", crd.Status.Conditions)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: "default"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
+	if err := c.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil || !netip.MustParsePrefix(testenv.ServiceCIDR).Contains(ip) {
+		t.Errorf("Service ClusterIP %q, want one in %s", svc.Spec.ClusterIP, testenv.ServiceCIDR)
 	}
 }
 
