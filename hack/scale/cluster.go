@@ -48,7 +48,7 @@ const (
 	// gpuProductLabel is the node label discovery reads the GPU type from.
 	gpuProductLabel = "nvidia.com/gpu.product"
 	// serviceCIDR replaces envtest's /24, too small for 1000 Services.
-	serviceCIDR = testenv.ServiceCIDR
+	serviceCIDR = "10.96.0.0/16"
 	// leaseNamespace holds the controllers' leader-election Lease
 	// (the chart's release namespace) in a -takeover run.
 	leaseNamespace = "autoconfig"

@@ -50,14 +50,17 @@ func TestStartInstallsCRDs(t *testing.T) {
 	if !established {
 		t.Errorf("CRD not Established: %+v", crd.Status.Conditions)
 	}
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: "default"},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
-	if err := c.Create(ctx, svc); err != nil {
-		t.Fatal(err)
-	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil || !netip.MustParsePrefix(testenv.ServiceCIDR).Contains(ip) {
-		t.Errorf("Service ClusterIP %q, want one in %s", svc.Spec.ClusterIP, testenv.ServiceCIDR)
+	// An address past envtest's /24 is in the range; so is an allocated one.
+	for name, ip := range map[string]string{"fixed": "10.0.200.1", "allocated": ""} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.ServiceSpec{ClusterIP: ip, Ports: []corev1.ServicePort{{Port: 80}}}}
+		if err := c.Create(ctx, svc); err != nil {
+			t.Fatalf("Service with ClusterIP %q: %v", ip, err)
+		}
+		got, err := netip.ParseAddr(svc.Spec.ClusterIP)
+		if err != nil || !netip.MustParsePrefix(testenv.ServiceCIDR).Contains(got) {
+			t.Errorf("Service %s: ClusterIP %q, want one in %s", name, svc.Spec.ClusterIP, testenv.ServiceCIDR)
+		}
 	}
 }
 
