@@ -66,20 +66,37 @@ type Report struct {
 	Peers map[string]string `json:"peers,omitempty"`
 	// Demand is, for each route whose engine holds requests at zero
 	// (spec.scaleToZero), what the engine reports on its control socket
-	// (GET /demand): requests waiting now and the last request's time.
-	// The controller wakes the route's target on waiting requests and,
-	// with idleAfter, scales it to 0 after the last request.
+	// (GET /demand): requests waiting now, requests open now and the
+	// time of the last request's end. The controller wakes the route's
+	// target on waiting requests and, with idleAfter, scales it to 0 once
+	// no request is open and the last one ended idleAfter ago.
 	Demand map[string]Demand `json:"demand,omitempty"`
+	// DemandAt is when the sidecar last read its engine's demand, so the
+	// controller can tell a report that stopped (a sidecar that is down)
+	// from an idle one: the sidecar rewrites it at least every
+	// DemandHeartbeatSteps steps of Demand.Last while it reports any
+	// demand, and the controller keeps a workload up (never scales it to
+	// 0) while a report of one of its consumer pods is older than
+	// DemandStaleSteps steps. Zero: a sidecar that does not keep it
+	// (older versions); such a report is never taken as stale.
+	DemandAt time.Time `json:"demandAt,omitzero"`
 }
 
 // Demand is one route's demand on one consumer pod.
 type Demand struct {
-	// Waiting is the number of requests the engine holds now.
+	// Waiting is the number of requests the engine holds now (at zero
+	// replicas, waiting for a first endpoint).
 	Waiting int `json:"waiting"`
-	// Last is when the route's last request arrived (held or not), to
-	// DemandGranularity: the sidecar writes a later time only once it is
-	// at least that much later, so the true last request is never more
-	// than DemandGranularity after Last. Zero = no request yet.
+	// Open is the number of the route's requests open on the engine now:
+	// held, waiting for their first byte, or streaming. The sidecar
+	// reports a change between 0 and more at once; other changes of the
+	// count ride along with the next change of Last.
+	Open int `json:"open,omitempty"`
+	// Last is when the route's last request arrived or ended, whichever
+	// is later (held or not), to DemandGranularity: the sidecar writes a
+	// later time only once it is at least that much later (or at once
+	// when Open goes to 0), so the true last request is never more than
+	// DemandGranularity after Last. Zero = no request yet.
 	Last time.Time `json:"last,omitzero"`
 	// StepSeconds is the sidecar's step of Last (--demand-granularity),
 	// so the controller knows how much later the true last request may
@@ -92,6 +109,18 @@ type Demand struct {
 // once per step, and the controller waits one step more than idleAfter
 // before it scales a target to 0.
 const DemandGranularity = 10 * time.Second
+
+// The demand's heartbeat, in steps of Demand.Last (Demand.StepSeconds, or
+// DemandGranularity): the sidecar rewrites Report.DemandAt at least every
+// DemandHeartbeatSteps steps while it reports demand; the controller
+// takes a report whose DemandAt is more than DemandStaleSteps steps old
+// as stale (its sidecar stopped reading the engine) and keeps the
+// workload up. At the default step: a heartbeat every 60 s, stale after
+// 3 min.
+const (
+	DemandHeartbeatSteps = 6
+	DemandStaleSteps     = 18
+)
 
 // Marshal is the annotation value of r.
 func (r Report) Marshal() (string, error) {
