@@ -78,6 +78,9 @@ type appliedOpts struct {
 	routes []*v1alpha1.ModelRoute
 	// sidecarArgs are more flags of openresty-0's sidecar.
 	sidecarArgs []string
+	// qwenSelector is Service qwen's pod selector (nil: none, its
+	// EndpointSlices written by the test).
+	qwenSelector map[string]string
 }
 
 func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
@@ -100,10 +103,14 @@ func startAppliedEnvOpts(t testing.TB, o appliedOpts) *appliedEnv {
 	}
 	testbin.Must(t, k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "routes", Annotations: cmAnnotations}}))
 	for _, svc := range []string{"qwen", "openresty"} {
-		testbin.Must(t, k8s.Create(ctx, &corev1.Service{
+		s := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: svc},
 			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}},
-		}))
+		}
+		if svc == "qwen" {
+			s.Spec.Selector = o.qwenSelector
+		}
+		testbin.Must(t, k8s.Create(ctx, s))
 	}
 	backends := func(ips ...string) {
 		t.Helper()

@@ -48,6 +48,9 @@ type fakeWorkload struct {
 	upAt    []time.Time   // each time the slice named a backend
 	stop    func()
 	hits    atomic.Int64
+	// serve starts the model pod on ip (nil: versionBackend, answering
+	// every request "qwen-pod").
+	serve func(t *testing.T, ip string) (port int32, stop func())
 }
 
 func (f *fakeWorkload) run(ctx context.Context, t *testing.T) {
@@ -96,10 +99,13 @@ func (f *fakeWorkload) run(ctx context.Context, t *testing.T) {
 	}
 }
 
-// backend is the model pod: it answers every request "qwen-pod".
+// backend starts the model pod (serve, or one that answers every
+// request "qwen-pod").
 func (f *fakeWorkload) backend(t *testing.T) (int32, func()) {
-	port, stop := versionBackend(t, f.ip, "qwen-pod")
-	return port, stop
+	if f.serve != nil {
+		return f.serve(t, f.ip)
+	}
+	return versionBackend(t, f.ip, "qwen-pod")
 }
 
 // slice makes Service svc's one EndpointSlice name ports on f.ip (none:
@@ -174,7 +180,7 @@ func TestScaleToZeroEndToEnd(t *testing.T) {
 			},
 		},
 	}
-	e := startAppliedEnvOpts(t, appliedOpts{debounce: "100ms", dynamic: true, noBackends: true, routes: routes,
+	e := startAppliedEnvOpts(t, appliedOpts{debounce: "100ms", dynamic: true, noBackends: true, routes: routes, qwenSelector: map[string]string{"app": "qwen"},
 		sidecarArgs: []string{"--demand-interval", "100ms", "--demand-granularity", step.String()}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -30,6 +30,7 @@ import (
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/discovery"
 	"github.com/modelsphere/autoconfig/internal/informer"
+	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -185,8 +186,10 @@ type consumerTally struct {
 	tracked, synced   int
 	stale, notTracked []string
 	counts            map[string]int // by consumer state (metrics)
-	// reports are the nginx consumer pods' served reports.
-	reports []served.Report
+	// reports are the nginx consumer pods' served reports (scale to
+	// zero's demand), each with whether the pod serves the route's
+	// current output.
+	reports []scaler.Report
 }
 
 // status is reconcileConsumers' work.
@@ -262,9 +265,6 @@ func (cs *consumers) tally(ctx context.Context, t *consumerTally, g consumerGrou
 			continue
 		}
 		t.tracked++
-		if g.kind == "nginx" {
-			t.reports = append(t.reports, rep)
-		}
 		all := true
 		since := metav1.NewTime(rep.At)
 		for _, k := range keys {
@@ -273,6 +273,9 @@ func (cs *consumers) tally(ctx context.Context, t *consumerTally, g consumerGrou
 				c.State, all = v1alpha1.ConsumerStale, false
 			}
 			t.consumers = append(t.consumers, c)
+		}
+		if g.kind == "nginx" {
+			t.reports = append(t.reports, scaler.Report{Pod: p, Serving: all, Report: rep})
 		}
 		if all {
 			t.synced++

@@ -31,7 +31,6 @@ import (
 	"github.com/modelsphere/autoconfig/internal/informer"
 	"github.com/modelsphere/autoconfig/internal/routemetrics"
 	"github.com/modelsphere/autoconfig/internal/scaler"
-	"github.com/modelsphere/autoconfig/internal/served"
 	"github.com/modelsphere/autoconfig/internal/sink"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
@@ -167,7 +166,7 @@ type state struct {
 	// reports are the served reports of the route's nginx consumer pods
 	// (the consumers step), which carry the engines' demand (scale to
 	// zero).
-	reports []served.Report
+	reports []scaler.Report
 	// requeueAfter, when > 0, asks for another reconcile this much later
 	// with no change (the scale-to-zero idle deadline).
 	requeueAfter time.Duration

@@ -2,15 +2,21 @@ package controller
 
 // This file: the scale-to-zero step (spec.scaleToZero). After the
 // consumers step has read the nginx consumer pods' served reports, it
-// sums the held requests and last requests their engines report for the
-// route and lets package scaler decide: wake the target (its scale
-// subresource to wakeReplicas) when requests wait at 0 replicas; with
-// idleAfter, scale it to 0 once idle. The condition ScaleToZero says
-// where the target stands.
+// sums the held and open requests and the last requests their engines
+// report for the route and lets package scaler decide: wake the target
+// (its scale subresource to wakeReplicas) when requests wait at 0
+// replicas on a consumer that serves the route's current output; with
+// idleAfter, scale it to 0 once no request is open and the last one
+// ended idleAfter ago. It acts only for a route the controller serves
+// (no problem blocks it as a whole, no grant is missing) and only on the
+// workload behind spec.discovery (its pod template's labels are selected
+// by the discovery Service's selector, or the route's selector). The
+// condition ScaleToZero says where the target stands.
 
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,36 +24,23 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/modelsphere/autoconfig/compiler"
 	"github.com/modelsphere/autoconfig/internal/scaler"
 	"github.com/modelsphere/autoconfig/internal/served"
+	"github.com/modelsphere/autoconfig/schema/routespec"
 	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 )
 
 // TypeScaleToZero is the condition of a route with spec.scaleToZero: True
 // while the controller may wake and idle its target, False when it
-// cannot (the target is missing) or refuses idleAfter (another
+// cannot (the route is blocked, the target is missing or is not the
+// workload behind spec.discovery) or refuses idleAfter (another
 // autoscaler owns the replica count).
 const TypeScaleToZero = "ScaleToZero"
-
-// ScaleToZero condition reasons and event reasons.
-const (
-	// ReasonAwake: the target has replicas.
-	ReasonAwake = "Awake"
-	// ReasonAsleep: the target is at 0 replicas; requests are held and
-	// wake it.
-	ReasonAsleep = "Asleep"
-	// ReasonWoken (event): a held request woke the target.
-	ReasonWoken = "Woken"
-	// ReasonIdleAfterRefused: another autoscaler targets the workload,
-	// so idleAfter is not applied.
-	ReasonIdleAfterRefused = "IdleAfterRefused"
-	// ReasonTargetNotFound: the target workload does not exist.
-	ReasonTargetNotFound = "TargetNotFound"
-)
 
 // scaleStep is the reconcile step of scale to zero.
 type scaleStep struct{ r *Reconciler }
@@ -62,23 +55,48 @@ func (s scaleStep) run(ctx context.Context, st *state) (bool, error) {
 		}
 		return false, nil
 	}
-	if r.preview || r.scaler == nil || len(st.unwatched) > 0 {
+	if r.preview || r.scaler == nil {
 		return false, nil
 	}
 	spec := st.spec.Spec.ScaleToZero
 	ns := scaler.Namespace(&st.spec.Spec, st.route.Namespace)
 	what := fmt.Sprintf("%s %s/%s", spec.Target.Kind, ns, spec.Target.Name)
+	if why := scaleBlocked(st); why != "" {
+		r.scaler.Asleep(key)
+		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonScaleBlocked, fmt.Sprintf(
+			"%s (spec.scaleToZero.target) is neither woken nor scaled to 0: %s. The controller scales a route's workload only while it serves the route; fix the route's Ready problem first", what, why))
+		return false, nil
+	}
+	podLabels, err := r.scaler.PodLabels(ctx, ns, spec.Target)
+	if apierrors.IsNotFound(err) {
+		r.scaler.Asleep(key)
+		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotFound, fmt.Sprintf(
+			"%s (spec.scaleToZero.target) does not exist: create it or correct the target; requests at zero are held until holdTimeout and then refused", what))
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", what, err)
+	}
+	if why, err := r.targetBacks(ctx, st, podLabels); err != nil {
+		return false, err
+	} else if why != "" {
+		r.scaler.Asleep(key)
+		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotSelected, fmt.Sprintf(
+			"%s (spec.scaleToZero.target) is not the workload behind the route: %s; nothing is scaled. Set spec.scaleToZero.target to the Deployment or StatefulSet whose pods spec.discovery selects", what, why))
+		return false, nil
+	}
 	replicas, err := r.scaler.Replicas(ctx, ns, spec.Target)
 	if apierrors.IsNotFound(err) {
+		r.scaler.Asleep(key)
 		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotFound, fmt.Sprintf(
-			"%s (spec.scaleToZero.target) does not exist, or has no scale subresource: create it or correct the target; requests at zero are held until holdTimeout and then refused", what))
+			"%s (spec.scaleToZero.target) has no scale subresource: correct the target; requests at zero are held until holdTimeout and then refused", what))
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("read the scale of %s: %w", what, err)
 	}
 	now := time.Now()
-	demand := scaler.Aggregate(st.reports, compiler.RouteName(compilerRoute(st.spec)))
+	demand := scaler.Aggregate(st.reports, compiler.RouteName(compilerRoute(st.spec)), now)
 	var others []string
 	if spec.IdleAfter != "" {
 		if others, err = r.scaler.Autoscalers(ctx, ns, spec.Target); err != nil {
@@ -92,6 +110,9 @@ func (s scaleStep) run(ctx context.Context, st *state) (bool, error) {
 		r.scaler.Asleep(key)
 	}
 	d := scaler.Decide(scaler.Input{Spec: spec, Replicas: replicas, Demand: demand, Autoscalers: others, Awake: awake, Now: now, Granularity: served.DemandGranularity})
+	if replicas == 0 && demand.Ignored > 0 && !d.Scale {
+		ctrl.LoggerFrom(ctx).V(levelDebug).Info("held requests on consumer pods that do not serve the route's current output wake nothing", "target", what, "requests", demand.Ignored)
+	}
 	if d.Scale {
 		if err := r.scaler.SetReplicas(ctx, ns, spec.Target, d.Replicas); err != nil {
 			return false, fmt.Errorf("scale %s to %d: %w", what, d.Replicas, err)
@@ -122,25 +143,70 @@ func (s scaleStep) run(ctx context.Context, st *state) (bool, error) {
 	default:
 		msg := fmt.Sprintf("%s has %d replicas", what, replicas)
 		if spec.IdleAfter != "" {
-			msg += fmt.Sprintf("; scaled to 0 after %s without a request", spec.IdleAfter)
+			msg += fmt.Sprintf("; scaled to 0 once no request is open and the last ended %s ago", spec.IdleAfter)
+			if d.KeptUp != "" {
+				msg += "; kept up now: " + d.KeptUp
+			}
 		}
 		setCondition(st.route, TypeScaleToZero, metav1.ConditionTrue, ReasonAwake, msg)
 	}
 	return false, nil
 }
 
+// scaleBlocked says why the route's target must not be scaled now: a
+// problem holds back the whole route (a namespace not watched, a Service
+// not granted or missing, a port that cannot be derived, a failed
+// compile), or a grant of an output is missing. "" when none does.
+func scaleBlocked(st *state) string {
+	var why []string
+	for _, p := range sortedProblems(st.problems) {
+		if len(p.scope) == 0 || p.reason == ReasonNotPermitted || p.reason == ReasonOutputForbidden {
+			why = append(why, "the route is "+p.reason)
+		}
+	}
+	slices.Sort(why)
+	return strings.Join(slices.Compact(why), ", ")
+}
+
+// targetBacks says why a workload whose pods carry podLabels is not the
+// one behind the route's spec.discovery ("" when it is): the discovery
+// Service's selector (read from the cache), or the route's selector, must
+// select them. The target is in the discovery's namespace
+// (scaler.Namespace), so a grant of that Service covers its own workload
+// and no other.
+func (r *Reconciler) targetBacks(ctx context.Context, st *state, podLabels map[string]string) (string, error) {
+	d := st.spec.Spec.Discovery
+	if d.Service == "" {
+		sel, err := labels.Parse(d.Selector)
+		if err != nil {
+			return "spec.discovery.selector cannot be parsed: " + err.Error(), nil
+		}
+		return scaler.Backs(podLabels, sel, "spec.discovery.selector"), nil
+	}
+	ns, name := routespec.SplitRef(d.Service, st.route.Namespace)
+	var svc corev1.Service
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &svc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Sprintf("Service %s/%s (spec.discovery.service) does not exist", ns, name), nil
+		}
+		return "", fmt.Errorf("get service %s/%s: %w", ns, name, err)
+	}
+	var sel labels.Selector
+	if len(svc.Spec.Selector) > 0 {
+		sel = labels.SelectorFromSet(svc.Spec.Selector)
+	}
+	return scaler.Backs(podLabels, sel, fmt.Sprintf("Service %s/%s (spec.discovery.service)", ns, name)), nil
+}
+
 func holdTimeout(s *v1alpha1.ScaleToZero) string {
 	if s.HoldTimeout == "" {
-		return "300s"
+		return routespec.DefaultHoldTimeout
 	}
 	return s.HoldTimeout
 }
 
 func wakeReplicas(s *v1alpha1.ScaleToZero) int32 {
-	if s.WakeReplicas < 1 {
-		return 1
-	}
-	return s.WakeReplicas
+	return min(max(s.WakeReplicas, routespec.DefaultWakeReplicas), routespec.MaxWakeReplicas)
 }
 
 // scaledToZeroMessage is the Ready message of a route at zero endpoints.

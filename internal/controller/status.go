@@ -84,6 +84,29 @@ const (
 	ReasonCanaryNoBackends = compiler.ReasonCanaryNoBackends
 )
 
+// Condition reasons of ScaleToZero (and events of scale to zero).
+const (
+	// ReasonAwake: the target has replicas.
+	ReasonAwake = "Awake"
+	// ReasonAsleep: the target is at 0 replicas; requests are held and
+	// wake it.
+	ReasonAsleep = "Asleep"
+	// ReasonWoken (event): a held request woke the target.
+	ReasonWoken = "Woken"
+	// ReasonIdleAfterRefused: another autoscaler targets the workload,
+	// so idleAfter is not applied.
+	ReasonIdleAfterRefused = "IdleAfterRefused"
+	// ReasonTargetNotFound: the target workload does not exist.
+	ReasonTargetNotFound = "TargetNotFound"
+	// ReasonTargetNotSelected: the target is not the workload behind
+	// spec.discovery (its pods are not the route's); nothing is scaled.
+	ReasonTargetNotSelected = "TargetNotSelected"
+	// ReasonScaleBlocked: the route is blocked (Ready False for a reason
+	// that means it is not the controller's to serve: a grant missing, a
+	// Service missing, a namespace not watched); nothing is scaled.
+	ReasonScaleBlocked = "ScaleBlocked"
+)
+
 // problem is one thing that keeps a route from Ready. waiting: the cluster
 // will fix it by itself (Reconciling), else someone must act (Stalled).
 type problem struct {

@@ -1,9 +1,11 @@
 // Package scaler wakes a scale-to-zero route's workload and puts it back
 // to zero (spec.scaleToZero). Decide is the rule, pure: wake a target at 0
-// replicas when a consumer's engine holds requests for the route; with
-// idleAfter, scale it to 0 once no request has arrived for that long (and
-// one DemandGranularity more, the step of the reported time), unless
-// another autoscaler owns the replica count. Scaler reads and writes the
+// replicas when a consumer's engine that serves the route's current
+// output holds requests for it; with idleAfter, scale it to 0 once no
+// request is open on any consumer and the last one ended that long ago
+// (and one DemandGranularity more, the step of the reported time), unless
+// another autoscaler owns the replica count. Backs is the other rule: the
+// target must be the workload behind the route's discovery. Scaler reads and writes the
 // target's scale subresource (never the workload itself: the controller's
 // RBAC is deployments/scale and statefulsets/scale) and finds the
 // HorizontalPodAutoscalers and KEDA ScaledObjects that target it.
@@ -17,6 +19,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +28,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,21 +37,66 @@ import (
 	"github.com/modelsphere/autoconfig/schema/routespec"
 )
 
-// Aggregate is a route's demand over the consumer pods' reports: the
-// requests waiting on all of them, the latest last request of any.
-func Aggregate(reports []served.Report, route string) served.Demand {
-	var d served.Demand
+// Report is one consumer pod's served report as the scale step reads it.
+type Report struct {
+	// Pod is the consumer pod ("ns/name").
+	Pod string
+	// Serving: the pod serves the route's current output (every key of
+	// the route as last written). Only a serving pod's held requests
+	// wake the target: a stale or foreign report wakes nothing.
+	Serving bool
+	served.Report
+}
+
+// Demand is a route's demand over its consumer pods' reports.
+type Demand struct {
+	// Waiting are the requests held on the serving pods (they wake the
+	// target).
+	Waiting int
+	// Ignored are the requests held on pods that do not serve the
+	// route's current output (they wake nothing).
+	Ignored int
+	// Open are the requests open (held, waiting for their first byte or
+	// streaming) on any consumer pod: while one is, the target is not
+	// scaled to 0.
+	Open int
+	// Last is the latest last request (arrival or end) of any pod.
+	Last time.Time
+	// StepSeconds is the largest step of Last the reports give.
+	StepSeconds float64
+	// Stale names the pods whose report stopped: its DemandAt is older
+	// than served.DemandStaleSteps steps (the sidecar no longer reads its
+	// engine). While one is, the target is not scaled to 0.
+	Stale []string
+}
+
+// Aggregate is route's demand over the consumer pods' reports at now.
+func Aggregate(reports []Report, route string, now time.Time) Demand {
+	var d Demand
 	for _, r := range reports {
 		rd, ok := r.Demand[route]
+		step := served.DemandGranularity
+		if ok && rd.StepSeconds > 0 {
+			step = time.Duration(rd.StepSeconds * float64(time.Second))
+		}
+		if !r.DemandAt.IsZero() && now.Sub(r.DemandAt) > served.DemandStaleSteps*step {
+			d.Stale = append(d.Stale, r.Pod)
+		}
 		if !ok {
 			continue
 		}
-		d.Waiting += rd.Waiting
+		if r.Serving {
+			d.Waiting += rd.Waiting
+		} else {
+			d.Ignored += rd.Waiting
+		}
+		d.Open += max(rd.Open, rd.Waiting)
 		if rd.Last.After(d.Last) {
 			d.Last = rd.Last
 		}
 		d.StepSeconds = max(d.StepSeconds, rd.StepSeconds)
 	}
+	sort.Strings(d.Stale)
 	return d
 }
 
@@ -58,7 +107,7 @@ type Input struct {
 	// Replicas is the target's spec.replicas (its scale subresource).
 	Replicas int32
 	// Demand is Aggregate over the route's consumer pods.
-	Demand served.Demand
+	Demand Demand
 	// Autoscalers name the other autoscalers of the target
 	// (HorizontalPodAutoscaler/<name>, ScaledObject/<name>).
 	Autoscalers []string
@@ -87,14 +136,18 @@ type Decision struct {
 	// IdleRefused names the autoscalers that make idleAfter refused (two
 	// owners of one replica count fight).
 	IdleRefused []string
+	// KeptUp says why an idle deadline does not apply now (requests are
+	// open, or a consumer pod's report stopped); "" otherwise.
+	KeptUp string
 }
 
 // Decide is the scale-to-zero rule. A target at 0 replicas with requests
-// waiting is woken to wakeReplicas (also when another autoscaler targets
-// it: an HPA does nothing at 0 replicas). A target with replicas, with
-// idleAfter and no other autoscaler, no request waiting and no request
-// since idleAfter + Granularity (counted from the last request or from
-// Awake, the later) is scaled to 0.
+// waiting on a serving consumer pod is woken to wakeReplicas (also when
+// another autoscaler targets it: an HPA does nothing at 0 replicas). A
+// target with replicas, with idleAfter and no other autoscaler, no request
+// open on any consumer pod, no consumer pod whose report stopped, and no
+// request since idleAfter + Granularity (counted from the later of the
+// last request's end and Awake) is scaled to 0.
 func Decide(in Input) Decision {
 	s := in.Spec
 	if s == nil {
@@ -102,10 +155,7 @@ func Decide(in Input) Decision {
 	}
 	if in.Replicas == 0 {
 		if in.Demand.Waiting > 0 {
-			wake := s.WakeReplicas
-			if wake < 1 {
-				wake = routespec.DefaultWakeReplicas
-			}
+			wake := min(max(s.WakeReplicas, routespec.DefaultWakeReplicas), routespec.MaxWakeReplicas)
 			return Decision{Scale: true, Replicas: wake, Why: fmt.Sprintf("%d request(s) held at zero replicas: woken to %d", in.Demand.Waiting, wake)}
 		}
 		return Decision{}
@@ -116,8 +166,19 @@ func Decide(in Input) Decision {
 	if len(in.Autoscalers) > 0 {
 		return Decision{IdleRefused: in.Autoscalers}
 	}
-	if in.Demand.Waiting > 0 {
-		return Decision{}
+	step := in.Granularity
+	if in.Demand.StepSeconds > 0 {
+		step = time.Duration(in.Demand.StepSeconds * float64(time.Second))
+	}
+	if open := max(in.Demand.Open, in.Demand.Waiting+in.Demand.Ignored); open > 0 {
+		// The end of the last open request is reported at once: no
+		// timer needed.
+		return Decision{KeptUp: fmt.Sprintf("%d request(s) open", open)}
+	}
+	if len(in.Demand.Stale) > 0 {
+		return Decision{After: step, KeptUp: fmt.Sprintf(
+			"the demand report of consumer pod(s) %s stopped (not rewritten for %d steps of %s: its reload sidecar does not read the engine), so an open request there cannot be ruled out",
+			strings.Join(in.Demand.Stale, ", "), served.DemandStaleSteps, step)}
 	}
 	idle := time.Duration(routespec.Seconds(s.IdleAfter)) * time.Second
 	last := in.Demand.Last
@@ -127,15 +188,11 @@ func Decide(in Input) Decision {
 	if last.IsZero() {
 		return Decision{}
 	}
-	step := in.Granularity
-	if in.Demand.StepSeconds > 0 {
-		step = time.Duration(in.Demand.StepSeconds * float64(time.Second))
-	}
 	deadline := last.Add(idle + step)
 	if in.Now.Before(deadline) {
 		return Decision{After: deadline.Sub(in.Now)}
 	}
-	return Decision{Scale: true, Replicas: 0, Why: fmt.Sprintf("no request since %s (idleAfter %s): scaled to 0", last.UTC().Format(time.RFC3339), s.IdleAfter)}
+	return Decision{Scale: true, Replicas: 0, Why: fmt.Sprintf("no request open, none since %s (idleAfter %s): scaled to 0", last.UTC().Format(time.RFC3339), s.IdleAfter)}
 }
 
 // Namespace is where a route's target lives: the namespace of
@@ -174,6 +231,41 @@ func target(ns string, t routespec.ScaleTarget) (client.Object, error) {
 		return &appsv1.StatefulSet{ObjectMeta: objectMeta(ns, t.Name)}, nil
 	}
 	return nil, fmt.Errorf("scaleToZero.target.kind %q is not Deployment or StatefulSet", t.Kind)
+}
+
+// PodLabels are the labels of the target's pod template (read around
+// the cache: the controller keeps no informer on workloads). A target
+// that does not exist is a NotFound error.
+func (s *Scaler) PodLabels(ctx context.Context, ns string, t routespec.ScaleTarget) (map[string]string, error) {
+	obj, err := target(ns, t)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Reader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		return nil, err
+	}
+	switch w := obj.(type) {
+	case *appsv1.Deployment:
+		return w.Spec.Template.Labels, nil
+	case *appsv1.StatefulSet:
+		return w.Spec.Template.Labels, nil
+	}
+	return nil, nil
+}
+
+// Backs says whether a workload whose pods carry podLabels is behind a
+// route that discovers by selector sel (a Service's selector, or the
+// route's own spec.discovery.selector): "" when sel selects them, else
+// why not. An empty selector selects nothing here: a Service without one
+// has its endpoints written by hand, so no workload is shown to be its.
+func Backs(podLabels map[string]string, sel labels.Selector, source string) string {
+	if sel == nil || sel.Empty() {
+		return fmt.Sprintf("%s has no pod selector, so no workload can be shown to be behind it", source)
+	}
+	if !sel.Matches(labels.Set(podLabels)) {
+		return fmt.Sprintf("its pod template's labels {%s} are not selected by %s (selector %s)", labels.Set(podLabels), source, sel)
+	}
+	return ""
 }
 
 // Replicas is the target's spec.replicas, from its scale subresource.

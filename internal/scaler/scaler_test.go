@@ -3,6 +3,7 @@ package scaler
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -36,25 +38,31 @@ func TestDecide(t *testing.T) {
 		in   Input
 		want Decision
 	}{
-		{"no spec", Input{Replicas: 0, Demand: served.Demand{Waiting: 3}}, Decision{}},
+		{"no spec", Input{Replicas: 0, Demand: Demand{Waiting: 3}}, Decision{}},
 		{"zero, nobody waits", Input{Spec: spec(""), Replicas: 0}, Decision{}},
-		{"zero, requests wait: wake to wakeReplicas", Input{Spec: spec(""), Replicas: 0, Demand: served.Demand{Waiting: 3}}, Decision{Scale: true, Replicas: 2}},
-		{"zero, requests wait, an HPA too: still woken", Input{Spec: spec("60s"), Replicas: 0, Demand: served.Demand{Waiting: 1}, Autoscalers: []string{"HorizontalPodAutoscaler/qwen"}}, Decision{Scale: true, Replicas: 2}},
-		{"awake, no idleAfter: never scaled down", Input{Spec: spec(""), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(48 * time.Hour), Granularity: g}, Decision{}},
-		{"awake, idle not yet over: decide again at the deadline", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(30 * time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
-		{"awake, idleAfter passed but not the granularity: not before", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(65 * time.Second), Granularity: g}, Decision{After: 5 * time.Second}},
-		{"awake, idle over: scaled to 0", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(70 * time.Second), Granularity: g}, Decision{Scale: true, Replicas: 0}},
-		{"awake, idle over but requests wait", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0, Waiting: 1}, Now: t0.Add(time.Hour), Granularity: g}, Decision{}},
-		{"just woken: idle counts from the wake", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Awake: t0.Add(time.Hour), Now: t0.Add(time.Hour + 30*time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
+		{"zero, requests wait: wake to wakeReplicas", Input{Spec: spec(""), Replicas: 0, Demand: Demand{Waiting: 3}}, Decision{Scale: true, Replicas: 2}},
+		{"zero, requests wait, an HPA too: still woken", Input{Spec: spec("60s"), Replicas: 0, Demand: Demand{Waiting: 1}, Autoscalers: []string{"HorizontalPodAutoscaler/qwen"}}, Decision{Scale: true, Replicas: 2}},
+		{"awake, no idleAfter: never scaled down", Input{Spec: spec(""), Replicas: 2, Demand: Demand{Last: t0}, Now: t0.Add(48 * time.Hour), Granularity: g}, Decision{}},
+		{"awake, idle not yet over: decide again at the deadline", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0}, Now: t0.Add(30 * time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
+		{"awake, idleAfter passed but not the granularity: not before", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0}, Now: t0.Add(65 * time.Second), Granularity: g}, Decision{After: 5 * time.Second}},
+		{"awake, idle over: scaled to 0", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0}, Now: t0.Add(70 * time.Second), Granularity: g}, Decision{Scale: true, Replicas: 0}},
+		{"awake, idle over but requests wait", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0, Waiting: 1}, Now: t0.Add(time.Hour), Granularity: g}, Decision{KeptUp: "1 request(s) open"}},
+		{"just woken: idle counts from the wake", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0}, Awake: t0.Add(time.Hour), Now: t0.Add(time.Hour + 30*time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
 		{"no request ever, never woken: left alone", Input{Spec: spec("60s"), Replicas: 2, Now: t0, Granularity: g}, Decision{}},
-		{"another autoscaler: idleAfter refused", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0}, Now: t0.Add(time.Hour), Autoscalers: []string{"ScaledObject/qwen"}, Granularity: g}, Decision{IdleRefused: []string{"ScaledObject/qwen"}}},
-		{"the reports' own step", Input{Spec: spec("60s"), Replicas: 2, Demand: served.Demand{Last: t0, StepSeconds: 1}, Now: t0.Add(61 * time.Second), Granularity: g}, Decision{Scale: true, Replicas: 0}},
-		{"minutes", Input{Spec: spec("2m"), Replicas: 1, Demand: served.Demand{Last: t0}, Now: t0.Add(2*time.Minute + 9*time.Second), Granularity: g}, Decision{After: time.Second}},
+		{"another autoscaler: idleAfter refused", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0}, Now: t0.Add(time.Hour), Autoscalers: []string{"ScaledObject/qwen"}, Granularity: g}, Decision{IdleRefused: []string{"ScaledObject/qwen"}}},
+		{"the reports' own step", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0, StepSeconds: 1}, Now: t0.Add(61 * time.Second), Granularity: g}, Decision{Scale: true, Replicas: 0}},
+		{"awake, idle over but a stream is open: kept up", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0, Open: 1}, Now: t0.Add(time.Hour), Granularity: g}, Decision{KeptUp: "1 request(s) open"}},
+		{"awake, idle over but a consumer's report stopped: kept up, decided again in a step", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0, Stale: []string{"llm/openresty-0"}}, Now: t0.Add(time.Hour), Granularity: g}, Decision{After: g, KeptUp: "stale"}},
+		{"the stream ended: idle counts from its end", Input{Spec: spec("60s"), Replicas: 2, Demand: Demand{Last: t0.Add(50 * time.Minute)}, Awake: t0, Now: t0.Add(50*time.Minute + 30*time.Second), Granularity: g}, Decision{After: 40 * time.Second}},
+		{"zero, requests wait only on pods that do not serve the route: not woken", Input{Spec: spec(""), Replicas: 0, Demand: Demand{Ignored: 5, Open: 5}}, Decision{}},
+		{"zero, wakeReplicas above the schema's bound: bounded", Input{Spec: &routespec.ScaleToZero{Target: routespec.ScaleTarget{Kind: "Deployment", Name: "qwen"}, WakeReplicas: 5000}, Replicas: 0, Demand: Demand{Waiting: 1}}, Decision{Scale: true, Replicas: routespec.MaxWakeReplicas}},
+		{"minutes", Input{Spec: spec("2m"), Replicas: 1, Demand: Demand{Last: t0}, Now: t0.Add(2*time.Minute + 9*time.Second), Granularity: g}, Decision{After: time.Second}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := Decide(c.in)
 			got.Why = ""
-			if got.Scale != c.want.Scale || got.Replicas != c.want.Replicas || got.After != c.want.After || !slices.Equal(got.IdleRefused, c.want.IdleRefused) {
+			if got.Scale != c.want.Scale || got.Replicas != c.want.Replicas || got.After != c.want.After || !slices.Equal(got.IdleRefused, c.want.IdleRefused) ||
+				(got.KeptUp == "") != (c.want.KeptUp == "") || (c.want.KeptUp == "1 request(s) open" && got.KeptUp != c.want.KeptUp) {
 				t.Errorf("got %+v, want %+v", got, c.want)
 			}
 		})
@@ -62,17 +70,49 @@ func TestDecide(t *testing.T) {
 }
 
 func TestAggregate(t *testing.T) {
-	reports := []served.Report{
-		{Demand: map[string]served.Demand{"qwen": {Waiting: 2, Last: t0}, "other": {Waiting: 9, Last: t0.Add(time.Hour)}}},
-		{Demand: map[string]served.Demand{"qwen": {Waiting: 1, Last: t0.Add(time.Minute)}}},
-		{},
+	now := t0.Add(2 * time.Minute)
+	reports := []Report{
+		{Pod: "llm/a", Serving: true, Report: served.Report{DemandAt: now, Demand: map[string]served.Demand{"qwen": {Waiting: 2, Open: 3, Last: t0}, "other": {Waiting: 9, Last: t0.Add(time.Hour)}}}},
+		{Pod: "llm/b", Serving: true, Report: served.Report{Demand: map[string]served.Demand{"qwen": {Waiting: 1, Open: 1, Last: t0.Add(time.Minute), StepSeconds: 2}}}},
+		// Does not serve the route's current output: its held requests
+		// wake nothing, but they are open (kept up); its DemandAt is old.
+		{Pod: "llm/c", Report: served.Report{DemandAt: now.Add(-served.DemandStaleSteps*2*time.Second - time.Second), Demand: map[string]served.Demand{"qwen": {Waiting: 4, Last: t0, StepSeconds: 2}}}},
+		{Pod: "llm/d", Serving: true},
 	}
-	reports[1].Demand["qwen"] = served.Demand{Waiting: 1, Last: t0.Add(time.Minute), StepSeconds: 2}
-	if got, want := Aggregate(reports, "qwen"), (served.Demand{Waiting: 3, Last: t0.Add(time.Minute), StepSeconds: 2}); got != want {
+	got := Aggregate(reports, "qwen", now)
+	want := Demand{Waiting: 3, Ignored: 4, Open: 8, Last: t0.Add(time.Minute), StepSeconds: 2, Stale: []string{"llm/c"}}
+	if got.Waiting != want.Waiting || got.Ignored != want.Ignored || got.Open != want.Open || !got.Last.Equal(want.Last) || got.StepSeconds != want.StepSeconds || !slices.Equal(got.Stale, want.Stale) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	if got := Aggregate(reports, "none"); got != (served.Demand{}) {
+	if got := Aggregate(reports[:2], "none", now); got.Waiting != 0 || got.Open != 0 || !got.Last.IsZero() || len(got.Stale) != 0 {
 		t.Errorf("a route no report names: %+v", got)
+	}
+}
+
+func TestBacks(t *testing.T) {
+	pods := map[string]string{"app": "qwen", "team": "llm"}
+	for _, c := range []struct {
+		sel  string
+		want string // "" = backs; else a part of the reason
+	}{
+		{"app=qwen", ""},
+		{"app=qwen,team=llm", ""},
+		{"app in (qwen,wan)", ""},
+		{"app=billing", "not selected by"},
+		{"app=qwen,tier=gpu", "not selected by"},
+		{"", "has no pod selector"},
+	} {
+		sel, err := labels.Parse(c.sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := Backs(pods, sel, "Service llm/qwen")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("selector %q: %q, want %q", c.sel, got, c.want)
+		}
+	}
+	if got := Backs(pods, nil, "Service llm/qwen"); !strings.Contains(got, "has no pod selector") {
+		t.Errorf("no selector: %q", got)
 	}
 }
 

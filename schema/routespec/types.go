@@ -74,9 +74,12 @@ type ScaleTarget struct {
 
 // Scale-to-zero target kinds and defaults.
 const (
-	KindDeployment         = "Deployment"
-	KindStatefulSet        = "StatefulSet"
-	DefaultWakeReplicas    = 1
+	KindDeployment      = "Deployment"
+	KindStatefulSet     = "StatefulSet"
+	DefaultWakeReplicas = 1
+	// MaxWakeReplicas is the schema's bound of wakeReplicas; the
+	// controller never wakes a target to more.
+	MaxWakeReplicas        = 1000
 	DefaultHoldTimeout     = "300s"
 	DefaultHoldMaxRequests = 256
 )

@@ -73,12 +73,16 @@ Services are written only for FailOpen fallback Services, behind a toggle.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch"]
-# Scale to zero (spec.scaleToZero): the target's scale subresource only
-# (its replica count), never the workload itself; the other autoscalers
-# of a target are read to refuse idleAfter beside them.
+# Scale to zero (spec.scaleToZero): the target's scale subresource (its
+# replica count) is written; the workload itself is only read, to check
+# that its pod template is the one spec.discovery selects; the other
+# autoscalers of a target are read to refuse idleAfter beside them.
 - apiGroups: ["apps"]
   resources: ["deployments/scale", "statefulsets/scale"]
   verbs: ["get", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["get", "list"]
