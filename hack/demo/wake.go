@@ -68,7 +68,9 @@ func (d *demo) wake(ctx context.Context) error {
 	if err := d.c.Create(ctx, dep); err != nil {
 		return fmt.Errorf("create Deployment %s/%s: %w", llmBackendNS, wakeRoute, err)
 	}
-	if err := d.c.Create(ctx, granted(headless(service(llmBackendNS, wakeRoute, "http", 8000)))); err != nil {
+	svc := granted(headless(service(llmBackendNS, wakeRoute, "http", 8000)))
+	svc.Spec.Selector = labels // the workload behind the route: the controller scales only that one
+	if err := d.c.Create(ctx, svc); err != nil {
 		return fmt.Errorf("create Service %s/%s: %w", llmBackendNS, wakeRoute, err)
 	}
 	d.say("Deployment llm/%s at 0 replicas, Service llm/%s without endpoints", wakeRoute, wakeRoute)

@@ -41,7 +41,7 @@ var (
 	clientGo         = "k8s.io/client-go"
 	controllerRT     = "sigs.k8s.io/controller-runtime"
 	self             = func(p string) string { return module + "/" + p }
-	controlPlanePkgs = []string{self("compiler"), self("schema"), self("internal/controller"), self("internal/informer"), self("internal/discovery"), self("internal/sink"), self("internal/crdgen"), self("internal/celcheck")}
+	controlPlanePkgs = []string{self("compiler"), self("schema"), self("internal/controller"), self("internal/informer"), self("internal/discovery"), self("internal/sink"), self("internal/scaler"), self("internal/crdgen"), self("internal/celcheck")}
 )
 
 // rule is one architecture rule: pkg must not link anything deny matches;
@@ -87,6 +87,14 @@ func rules() []rule {
 				return d == self("schema") || under(d, self("internal/controller"), self("internal/sink"), cue)
 			},
 			want: clientGo + "/tools/cache",
+		},
+		{
+			pkg: "internal/scaler",
+			why: "scale to zero's rule and the scale subresource: the controller calls it; it never links the controller, the compiler, the writer or CUE",
+			deny: func(d string) bool {
+				return d == self("schema") || under(d, self("internal/controller"), self("compiler"), self("internal/sink"), cue)
+			},
+			want: self("internal/served"),
 		},
 		{
 			pkg:  "schema/v1alpha1",

@@ -252,9 +252,9 @@ spec:
 	// the consumer pod's served report says requests wait, so the
 	// controller wakes the Deployment through its scale subresource; an
 	// HPA on it (read with the chart's rights) refuses idleAfter.
-	must(t, admin.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"},
-		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}}}))
 	zeroLabels := map[string]string{"app": "zero"}
+	must(t, admin.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"},
+		Spec: corev1.ServiceSpec{Selector: zeroLabels, Ports: []corev1.ServicePort{{Name: "http", Port: 8000, TargetPort: intstr.FromInt32(8000)}}}}))
 	must(t, admin.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: backends, Name: "zero"}, Spec: appsv1.DeploymentSpec{
 		Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: zeroLabels},
 		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: zeroLabels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm"}}}},
@@ -269,11 +269,6 @@ spec:
 	consumer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: routes, Name: "openresty-0", Labels: consumerLabels},
 		Spec: corev1.PodSpec{ServiceAccountName: "openresty", Containers: []corev1.Container{{Name: "openresty", Image: "openresty"}}}}
 	must(t, admin.Create(ctx, consumer))
-	demand := `{"at":"2026-12-03T12:00:00Z","how":"reload","keys":{},"demand":{"zero":{"waiting":2,"last":"2026-12-03T12:00:00Z"}}}`
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{served.Annotation: demand}}})
-	must(t, err)
-	_, err = asPod(ctx, t, consumer).CoreV1().Pods(routes).Patch(ctx, consumer.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	must(t, err)
 	cport, cname := int32(8080), "http"
 	must(t, admin.Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: routes, Name: "openresty-1", Labels: map[string]string{discoveryv1.LabelServiceName: "openresty"}},
@@ -309,6 +304,17 @@ spec:
 		}
 		return meta.FindStatusCondition(got.Status.Conditions, typ)
 	}
+	// The consumer pod serves the route's file as written and its engine
+	// holds requests: only such a report wakes the target.
+	waitFor("the route at zero written", func() bool { return routeConf("session_route_zero.conf") != "" })
+	demand := served.Report{At: time.Now().UTC(), How: served.HowReload, Keys: map[string]string{"session_route_zero.conf": served.ID([]byte(routeConf("session_route_zero.conf")))},
+		Demand: map[string]served.Demand{"zero": {Waiting: 2, Open: 2, Last: time.Now().UTC().Truncate(time.Second)}}}
+	value, err := demand.Marshal()
+	must(t, err)
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{served.Annotation: value}}})
+	must(t, err)
+	_, err = asPod(ctx, t, consumer).CoreV1().Pods(routes).Patch(ctx, consumer.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	must(t, err)
 	waitFor("the route at zero written and its target woken", func() bool {
 		c := zeroCondition("Ready")
 		dep := &appsv1.Deployment{}
