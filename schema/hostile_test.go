@@ -3,11 +3,17 @@ package schema_test
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/testbin"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/modelsphere/autoconfig/schema"
+	"github.com/modelsphere/autoconfig/schema/v1alpha1"
 	"github.com/modelsphere/autoconfig/schema/yamlscan"
 )
 
@@ -190,18 +196,28 @@ func TestValidateStreamDuplicateKeys(t *testing.T) {
 
 // The rule "each use may appear once" is linear in the peers: it was
 // pairwise, with one error per earlier twin (300 peers of one use, a 5 KB
-// file, allocated 950 MB in 47 s; now about 14 MB).
+// file, allocated 950 MB in 47 s; now about 14 MB). A file's peers are
+// bounded before the schema sees them (MaxPeerEntries); an object (the
+// controller's ValidateObject) reaches the rule.
 func TestPeersUseOnceLinear(t *testing.T) {
 	v := mustValidator(t)
-	src := routeHead + "spec:\n  discovery: {service: qwen}\n  nginx:\n    outputConfigMap: conf\n    peers: [" + strings.Repeat("{use: backend}, ", 299) + "{use: backend}]\n"
-	var docs []schema.Document
-	n := allocated(func() { docs = v.ValidateStream("a.yaml", []byte(src)) })
-	var inv *schema.InvalidError
-	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) {
-		t.Fatalf("got %+v", docs)
+	r := &v1alpha1.ModelRoute{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.Group + "/v1alpha1", Kind: v1alpha1.Kind}, ObjectMeta: metav1.ObjectMeta{Name: "qwen"},
+		Spec: v1alpha1.Spec{Discovery: v1alpha1.Discovery{Service: "qwen"}, Nginx: v1alpha1.Nginx{OutputConfigMap: "conf"}}}
+	for range 300 {
+		r.Spec.Nginx.Peers = append(r.Spec.Nginx.Peers, v1alpha1.Peer{Use: v1alpha1.UseBackend})
 	}
-	if len(inv.Problems) != 299 || inv.Problems[298].String() != "a.yaml:8:4803: spec.nginx.peers.299.use: each use may appear once; backend is listed twice" {
-		t.Errorf("%d problems, the last %s", len(inv.Problems), inv.Problems[len(inv.Problems)-1])
+	var err error
+	n := allocated(func() { _, err = v.ValidateObject(r) })
+	var inv *schema.InvalidError
+	if !errors.As(err, &inv) {
+		t.Fatalf("got %v", err)
+	}
+	found := false
+	for _, p := range inv.Problems {
+		found = found || (p.Path == "spec.nginx.peers.299.use" && p.Message == "each use may appear once; backend is listed twice")
+	}
+	if len(inv.Problems) != 299 || !found {
+		t.Errorf("%d problems, want 299, spec.nginx.peers.299.use among them: %v", len(inv.Problems), inv.Problems[0])
 	}
 	t.Logf("300 peers: %d bytes allocated", n)
 	if n > 200<<20 {
@@ -304,7 +320,7 @@ func TestValidateStreamTooManyOnlyRoutes(t *testing.T) {
 // hold (MaxRoutes minimal routes).
 func BenchmarkValidateStreamWide(b *testing.B) {
 	v := mustValidator(b)
-	shapes := append(wideShapes(), struct{ name, src, want string }{"routes-100", minimalRoutes(schema.MaxRoutes), ""}, struct{ name, src, want string }{"routes-1300", minimalRoutes(1300), ""})
+	shapes := append(wideShapes(), struct{ name, src, want string }{"routes-100", minimalRoutes(schema.MinFileRoutes), ""}, struct{ name, src, want string }{"routes-1300", minimalRoutes(1300), ""})
 	for _, s := range shapes {
 		b.Run(s.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -325,21 +341,24 @@ func minimalRoutes(n int) string {
 	return b.String()
 }
 
-// The route documents of one file are bounded together: the schema spends
-// about a millisecond on each, however small (1,300 minimal routes in
-// 200 KB took 1.7 s, 29,000 documents `--- {}` 27 s). Document 101 is
-// refused at its line, before the schema sees any; 100 are validated.
+// The route documents of one file are bounded together, by the file's
+// size: the schema spends about a millisecond on each, however small
+// (1,138 minimal routes in 200 KB took 1.0 s, 29,000 documents `--- {}`
+// 21 s). The document past FileBounds is refused at its line, before the
+// schema sees any; a file within them is validated.
 func TestValidateStreamTooManyRoutes(t *testing.T) {
 	v := mustValidator(t)
-	docs := v.ValidateStream("a.yaml", []byte(minimalRoutes(schema.MaxRoutes)))
-	if len(docs) != schema.MaxRoutes || docs[0].Err != nil || docs[schema.MaxRoutes-1].Route == nil {
-		t.Fatalf("%d routes: got %d documents, the first %+v", schema.MaxRoutes, len(docs), docs[0])
+	docs := v.ValidateStream("a.yaml", []byte(minimalRoutes(schema.MinFileRoutes)))
+	if len(docs) != schema.MinFileRoutes || docs[0].Err != nil || docs[schema.MinFileRoutes-1].Route == nil {
+		t.Fatalf("%d routes: got %d documents, the first %+v", schema.MinFileRoutes, len(docs), docs[0])
 	}
 	for name, src := range map[string]string{
-		"routes": minimalRoutes(1300),
 		// documents that are not routes at all still cost the schema
 		"empty mappings": strings.Repeat("--- {}\n", 29000),
 		"scalars":        strings.Repeat("--- 1\n", 34000),
+		// 1,300 minimal routes (236 KB): their values pass the limit
+		// first (each peer counts as 40)
+		"routes": minimalRoutes(1300),
 	} {
 		t.Run(name, func(t *testing.T) {
 			var docs []schema.Document
@@ -348,9 +367,15 @@ func TestValidateStreamTooManyRoutes(t *testing.T) {
 			if len(docs) != 1 || !errors.As(docs[0].Err, &inv) || len(inv.Problems) != 1 {
 				t.Fatalf("got %d documents, want one with one problem", len(docs))
 			}
-			want := "this is ModelRoute document 101 of the file, more than 100, the limit for one file"
-			if got := inv.Problems[0]; !strings.HasPrefix(got.Message, want) || got.Line != docLine(src, 101) {
-				t.Errorf("got %s\nwant a.yaml:%d:…: %s…", got, docLine(src, 101), want)
+			limit, _ := schema.FileBounds(len(src))
+			want := fmt.Sprintf("this is ModelRoute document %d of the file, more than %d, the limit for a file of %d bytes (one route per 256 bytes", limit+1, limit, len(src))
+			got := inv.Problems[0]
+			if name == "routes" {
+				if !strings.Contains(got.Message, fmt.Sprintf("the limit for a file of %d bytes", len(src))) {
+					t.Errorf("got %s, want a limit for a file of %d bytes", got, len(src))
+				}
+			} else if !strings.HasPrefix(got.Message, want) || got.Line != docLine(src, limit+1) {
+				t.Errorf("got %s\nwant a.yaml:%d:…: %s…", got, docLine(src, limit+1), want)
 			}
 			if n > 20<<20 {
 				t.Errorf("allocated %d bytes refusing %d bytes", n, len(src))
@@ -358,6 +383,113 @@ func TestValidateStreamTooManyRoutes(t *testing.T) {
 		})
 	}
 }
+
+// Ordinary GitOps files are far inside the file's bounds: 79, 150 and
+// 500 copies of the shipped sample route (64 values each; 79 were refused
+// by a whole-file limit of 5,000 values), and routes read back from a
+// cluster with their managedFields.
+func TestValidateStreamManySampleRoutes(t *testing.T) {
+	v := mustValidator(t)
+	for _, n := range []int{79, 150, 500} {
+		src := sampleRoutes(t, n, false)
+		docs := v.ValidateStream("a.yaml", []byte(src))
+		if len(docs) != n {
+			t.Fatalf("%d sample routes: %d documents", n, len(docs))
+		}
+		for i, d := range docs {
+			if d.Err != nil || d.Route == nil {
+				t.Fatalf("%d sample routes: document %d: %v", n, i+1, d.Err)
+			}
+		}
+	}
+	src := sampleRoutes(t, 100, true)
+	for i, d := range v.ValidateStream("a.yaml", []byte(src)) {
+		if d.Err != nil || d.Route == nil {
+			t.Fatalf("100 exported routes: document %d: %v", i+1, d.Err)
+		}
+	}
+}
+
+// sampleRoutes is n copies of deploy/samples/modelroute-llm.yaml, each
+// with its own name; exported adds the managedFields, uid and status a
+// `kubectl get -o yaml` prints.
+func sampleRoutes(t testing.TB, n int, exported bool) string {
+	t.Helper()
+	root, err := testbin.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample, err := os.ReadFile(filepath.Join(root, "deploy", "samples", "modelroute-llm.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i := range n {
+		doc := strings.Replace(string(sample), "  name: qwen\n", fmt.Sprintf("  name: qwen-%d\n", i), 1)
+		if exported {
+			doc = strings.Replace(doc, "  namespace: llm-route\n", "  namespace: llm-route\n"+exportedMeta, 1) + exportedStatus
+		}
+		b.WriteString("---\n" + doc)
+	}
+	return b.String()
+}
+
+// exportedMeta and exportedStatus are what a route read back from a
+// cluster carries besides its spec (kubectl get mr -o yaml).
+const exportedMeta = `  uid: 0d5bd2a6-3f0e-4cde-9d5e-8f7f3c2d1a10
+  resourceVersion: "182733"
+  generation: 3
+  creationTimestamp: "2026-12-01T10:00:00Z"
+  finalizers: [routing.modelsphere.dev/cleanup]
+  managedFields:
+  - apiVersion: routing.modelsphere.dev/v1alpha1
+    fieldsType: FieldsV1
+    fieldsV1:
+      f:spec:
+        .: {}
+        f:discovery: {.: {}, f:service: {}}
+        f:cart: {.: {}, f:maxLoad: {}, f:outputConfigMap: {}, f:service: {}}
+        f:monitor: {.: {}, f:model: {}, f:outputConfigMap: {}}
+        f:nginx:
+          .: {}
+          f:outputConfigMap: {}
+          f:peers: {}
+          f:route: {}
+          f:service: {}
+          f:values: {.: {}, f:default_max: {}, f:health_probe_path: {}}
+        f:slo: {.: {}, f:decodeTokensPerSecond: {}, f:ttftMs: {}}
+    manager: kubectl-client-side-apply
+    operation: Update
+    time: "2026-12-01T10:00:00Z"
+  - apiVersion: routing.modelsphere.dev/v1alpha1
+    fieldsType: FieldsV1
+    fieldsV1:
+      f:metadata: {f:finalizers: {.: {}, v:"routing.modelsphere.dev/cleanup": {}}}
+    manager: autoconfig
+    operation: Update
+    time: "2026-12-01T10:00:01Z"
+  - apiVersion: routing.modelsphere.dev/v1alpha1
+    fieldsType: FieldsV1
+    fieldsV1:
+      f:status:
+        .: {}
+        f:backends: {}
+        f:conditions:
+          .: {}
+          k:{"type":"Ready"}: {.: {}, f:lastTransitionTime: {}, f:message: {}, f:observedGeneration: {}, f:reason: {}, f:status: {}, f:type: {}}
+        f:observedGeneration: {}
+    manager: autoconfig
+    operation: Update
+    subresource: status
+    time: "2026-12-01T10:00:02Z"
+`
+
+const exportedStatus = `status:
+  backends: 3
+  observedGeneration: 3
+  conditions:
+  - {type: Ready, status: "True", reason: Reconciled, message: every output holds the current rendering, observedGeneration: 3, lastTransitionTime: "2026-12-01T10:00:02Z"}
+`
 
 // docLine is the line of the first value of document n (1-based) of a
 // file of documents that each start with "---" (on its own line or
@@ -378,9 +510,9 @@ func docLine(src string, n int) int {
 	return line
 }
 
-// The values of a file's route documents are bounded together too: 12
-// documents of 999 peers, each under the limits of one document, took 2 s
-// and 107 MB.
+// The values of a file's route documents are bounded together too, by
+// the file's size, a peer counting as PeerValues more (about 0.16 ms
+// each: 12 documents of 999 peers took 2 s and 107 MB).
 func TestValidateStreamTooManyFileValues(t *testing.T) {
 	v := mustValidator(t)
 	var b strings.Builder
@@ -394,13 +526,40 @@ func TestValidateStreamTooManyFileValues(t *testing.T) {
 	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) || len(inv.Problems) != 1 {
 		t.Fatalf("got %d documents, want one with one problem", len(docs))
 	}
-	// 3,000 values a document: the second passes 5,000
-	want := fmt.Sprintf("a.yaml:%d:1: with this document the file's ModelRoute documents have 6038 values, more than 5000, the limit for one file", docLine(src, 2))
-	if got := inv.Problems[0].String(); !strings.HasPrefix(got, want) {
-		t.Errorf("got  %s\nwant %s…", got, want)
+	// About 3,000 nodes and 999 peers a document (43,000 values): the
+	// second passes the limit of a 190 KB file.
+	_, limit := schema.FileBounds(len(src))
+	want := fmt.Sprintf("a.yaml:%d:1: with this document the file's ModelRoute documents have ", docLine(src, 2))
+	more := fmt.Sprintf(" values (a peer counts as 40), more than %d, the limit for a file of %d bytes", limit, len(src))
+	if got := inv.Problems[0].String(); !strings.HasPrefix(got, want) || !strings.Contains(got, more) {
+		t.Errorf("got  %s\nwant %s…%s…", got, want, more)
 	}
 	if n > 20<<20 {
 		t.Errorf("allocated %d bytes refusing %d bytes", n, len(src))
+	}
+
+	// Documents of four lists of 999 one-letter values (4,000 values in
+	// 8 KB, within one document's bounds): the file's values pass
+	// FileBounds at the ninth.
+	b.Reset()
+	list := "[" + strings.Repeat("a,", 998) + "a]"
+	for i := range 12 {
+		fmt.Fprintf(&b, "---\napiVersion: routing.modelsphere.dev/v1alpha1\nkind: ModelRoute\nmetadata: {name: l%d}\nspec:\n", i)
+		for j := range 4 {
+			fmt.Fprintf(&b, "  x%d: %s\n", j, list)
+		}
+	}
+	src = b.String()
+	docs = v.ValidateStream("a.yaml", []byte(src))
+	if len(docs) != 1 || !errors.As(docs[0].Err, &inv) || len(inv.Problems) != 1 {
+		t.Fatalf("got %d documents, want one with one problem", len(docs))
+	}
+	_, limit = schema.FileBounds(len(src))
+	perDoc := 4016 // four lists of 999 (each with its key) and the document around them
+	k := limit/perDoc + 1
+	want = fmt.Sprintf("a.yaml:%d:1: with this document the file's ModelRoute documents have %d values (a peer counts as 40), more than %d, the limit for a file of %d bytes", docLine(src, k), k*perDoc, limit, len(src))
+	if got := inv.Problems[0].String(); !strings.HasPrefix(got, want) {
+		t.Errorf("got  %s\nwant %s…", got, want)
 	}
 }
 
@@ -497,5 +656,69 @@ func TestValidateStreamTooManyJSON(t *testing.T) {
 	}
 	if n > 20<<20 {
 		t.Errorf("allocated %d bytes refusing %d bytes", n, len(src))
+	}
+}
+
+// fill200KB is the documents doc(0), doc(1), … up to 200 KB, as many as
+// the file's bounds let through (the largest file of the shape that the
+// schema validates rather than refuses).
+func fill200KB(doc func(i int) string) string {
+	var docs []string
+	for n := 0; n < 200<<10; {
+		d := "---\n" + doc(len(docs))
+		docs = append(docs, d)
+		n += len(d)
+	}
+	lo, hi := 0, len(docs) // docs[:lo] pass, docs[:hi+1] not known
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if schema.RefusedForSize([]byte(strings.Join(docs[:mid], ""))) {
+			hi = mid - 1
+		} else {
+			lo = mid
+		}
+	}
+	return strings.Join(docs[:lo], "")
+}
+
+// within200KB are 200 KB files of documents that each pass one
+// document's bounds, the costliest shapes for the schema per byte: the
+// file's bounds (FileBounds, MaxPeerEntries) keep each within about a
+// second (BenchmarkValidateStream200KB).
+func within200KB(t testing.TB) map[string]string {
+	head := func(i int) string {
+		return fmt.Sprintf("apiVersion: routing.modelsphere.dev/v1alpha1\nkind: ModelRoute\nmetadata:\n  name: r%d\n", i)
+	}
+	rows := func(n int, row string) string { return strings.Repeat(row, n) }
+	return map[string]string{
+		"minimal": fill200KB(func(i int) string { return minimalRoutes(1)[4:] }),
+		"minimal-padded": fill200KB(func(i int) string {
+			r := minimalRoutes(1)[4:]
+			return r + "#" + strings.Repeat("x", schema.RouteBytes-len(r)-6) + "\n"
+		}),
+		"empty-mappings": strings.Repeat("--- {}\n", 200<<10/7),
+		"samples":        sampleRoutes(t, 150, false),
+		"exported":       sampleRoutes(t, 40, true),
+		"peers-16": fill200KB(func(i int) string {
+			return head(i) + "spec:\n  discovery: {service: qwen}\n  nginx:\n    outputConfigMap: conf\n    peers:\n" + rows(16, "    - {use: backend}\n")
+		}),
+		"labels-999":      fill200KB(func(i int) string { return head(i) + "  labels:\n" + rows(999, "    k: v\n") }),
+		"values-999":      fill200KB(func(i int) string { return head(i) + "spec:\n  nginx:\n    values:\n" + rows(999, "      k: v\n") }),
+		"unknown-lists-4": fill200KB(func(i int) string { return head(i) + "spec:\n" + rows(4, "  x: ["+strings.Repeat("a,", 998)+"a]\n") }),
+	}
+}
+
+// BenchmarkValidateStream200KB: the schema's time and memory on 200 KB
+// files of the costliest shapes within the bounds.
+func BenchmarkValidateStream200KB(b *testing.B) {
+	v := mustValidator(b)
+	for name, src := range within200KB(b) {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(src)))
+			for b.Loop() {
+				v.ValidateStream("a.yaml", []byte(src))
+			}
+		})
 	}
 }

@@ -187,25 +187,43 @@ var routeDoc = yamlscan.Doc{Name: "a ModelRoute", Depth: 15, TooLarge: "split it
 // managedFields included, has a few hundred nodes.
 var routeCounts = yamlscan.Counts{Entries: 1000, Nodes: 5000}
 
-// MaxRoutes and MaxRouteValues bound the route documents of one file
-// together, as routeCounts bounds one: the schema spends about a
-// millisecond on every route document, however small, and 0.03-0.08 ms on
-// every value (1,300 minimal routes in 200 KB took 1.7 s; 29,000 empty
-// documents `--- {}` 27 s; 12 documents of 999 peers 2 s and 107 MB). A
-// file within both is validated in well under a second; more routes go in
-// several files (vet takes a directory).
+// The route documents of one file are bounded together, in proportion to
+// the file's size, as routeCounts bounds one: the schema spends about a
+// millisecond on every route document however small (29,000 empty
+// documents `--- {}` in 200 KB took 21 s and 8 GB allocated; 1,138
+// minimal routes 1.0 s) and 0.004-0.16 ms on every value (a peer costs
+// the most, so it counts as PeerValues more). A file may hold one route document per RouteBytes bytes and one
+// value per ValueBytes bytes, and at least MinFileRoutes and
+// MinFileValues: the schema's time then grows with the file's bytes (200
+// KB of any shape within about 0.9 s), while an ordinary route (1-5 KB,
+// managedFields included) is far inside both, so `kustomize build |
+// autoconfig vet -` of hundreds of routes is one file.
 const (
-	MaxRoutes      = 100
-	MaxRouteValues = 5000
+	MinFileRoutes = 100
+	RouteBytes    = 256
+	MinFileValues = 20000
+	ValueBytes    = 4
+	// PeerValues is what one entry of spec.nginx.peers counts among a
+	// file's values besides its own nodes: the schema spends up to 0.16
+	// ms on a peer, 40 times a plain value (a route has at most 3).
+	PeerValues = 40
 )
+
+// FileBounds are the most ModelRoute documents, and values in them, that
+// a file of size bytes may hold.
+func FileBounds(size int) (routes, values int) {
+	return max(MinFileRoutes, size/RouteBytes), max(MinFileValues, size/ValueBytes)
+}
 
 // ValidateStream validates every YAML document of src. A YAML syntax error
 // ends the stream with one Document carrying the error. A file larger than
 // yamlscan.MaxBytes or nested deeper than yamlscan.MaxDepth is refused
 // before any parser sees it (one Document with an *InvalidError), and so
 // is a file that is not UTF-8 (a *SyntaxError at the byte), and one whose
-// route documents are more than routeCounts allows alone or MaxRoutes and
-// MaxRouteValues together. A route whose mappings repeat a key gets an
+// route documents are more than routeCounts allows alone or FileBounds
+// together. The items of a List (kind List, as `kubectl get -o yaml`
+// prints, or ModelRouteList) are documents of their own, each at its
+// item's line. A route whose mappings repeat a key gets an
 // *InvalidError naming each repeat and the key it repeats, instead of the
 // schema's verdict on whichever value the parser kept.
 func (v *Validator) ValidateStream(filename string, src []byte) []Document {
@@ -235,13 +253,14 @@ func (v *Validator) ValidateStream(filename string, src []byte) []Document {
 	return withDuplicates(docs, src)
 }
 
-// tooMany is the first route document of src that is larger than
-// routeCounts, or the first that takes the file past MaxRoutes or
-// MaxRouteValues, read by yaml.v3 (milliseconds for a 4 MiB file).
+// tooMany is the first route document of src (a List's items count one
+// by one) that is larger than routeCounts, or the first that takes the
+// file past FileBounds, read by yaml.v3 (milliseconds for a 4 MiB file).
 // Documents of other kinds (a CRD has thousands of nodes) and empty ones
 // are not bounded: vet skips them. A syntax error ends the scan; the
 // schema reports it.
 func tooMany(src []byte) *yamlscan.Error {
+	maxRoutes, maxValues := FileBounds(len(src))
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	routes, values := 0, 0
 	for {
@@ -252,36 +271,95 @@ func tooMany(src []byte) *yamlscan.Error {
 		if len(node.Content) != 1 {
 			continue
 		}
-		switch top := node.Content[0]; {
-		case top.Kind == yaml.ScalarNode && top.ShortTag() == "!!null":
-			continue // an empty document
-		case top.Kind == yaml.MappingNode:
-			var head struct {
-				APIVersion string `yaml:"apiVersion"`
-				Kind       string `yaml:"kind"`
+		docs := []*yaml.Node{&node}
+		if items, ok := listNodeItems(node.Content[0]); ok {
+			docs = items
+		}
+		for _, doc := range docs {
+			top := doc
+			if doc.Kind == yaml.DocumentNode {
+				top = doc.Content[0]
 			}
-			if top.Decode(&head) == nil && otherKind(head.APIVersion, head.Kind) != "" {
-				continue
+			switch {
+			case top.Kind == yaml.ScalarNode && top.ShortTag() == "!!null":
+				continue // an empty document
+			case top.Kind == yaml.MappingNode:
+				var head struct {
+					APIVersion string `yaml:"apiVersion"`
+					Kind       string `yaml:"kind"`
+				}
+				if top.Decode(&head) == nil && otherKind(head.APIVersion, head.Kind) != "" {
+					continue
+				}
 			}
-		}
-		n, err := yamlscan.Count(&node, routeCounts, routeDoc)
-		if err != nil {
-			var e *yamlscan.Error
-			errors.As(err, &e)
-			return e
-		}
-		at := node.Content[0]
-		if routes++; routes > MaxRoutes {
-			return &yamlscan.Error{Kind: yamlscan.TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"this is ModelRoute document %d of the file, more than %d, the limit for one file (it bounds the schema's work, about a millisecond a route): split the file (vet takes a directory)",
-				routes, MaxRoutes)}
-		}
-		if values += n; values > MaxRouteValues {
-			return &yamlscan.Error{Kind: yamlscan.TooMany, Line: at.Line, Column: at.Column, Message: fmt.Sprintf(
-				"with this document the file's ModelRoute documents have %d values, more than %d, the limit for one file (it bounds the schema's work; a route has a few dozen): split the file (vet takes a directory)",
-				values, MaxRouteValues)}
+			n, err := yamlscan.Count(doc, routeCounts, routeDoc)
+			if err != nil {
+				var e *yamlscan.Error
+				errors.As(err, &e)
+				return e
+			}
+			if p := mappingPath(top, "spec", "nginx", "peers"); p != nil && p.Kind == yaml.SequenceNode {
+				n += PeerValues * len(p.Content)
+			}
+			if routes++; routes > maxRoutes {
+				return &yamlscan.Error{Kind: yamlscan.TooMany, Line: top.Line, Column: top.Column, Message: fmt.Sprintf(
+					"this is ModelRoute document %d of the file, more than %d, the limit for a file of %d bytes (one route per %d bytes, at least %d: it bounds the schema's work, about a millisecond a route, however small): split the file (vet takes a directory)",
+					routes, maxRoutes, len(src), RouteBytes, MinFileRoutes)}
+			}
+			if values += n; values > maxValues && routes == 1 {
+				return &yamlscan.Error{Kind: yamlscan.TooMany, Line: top.Line, Column: top.Column, Message: fmt.Sprintf(
+					"the document has %d values (a peer counts as %d), more than %d, the limit for a file of %d bytes (one value per %d bytes, at least %d: it bounds the schema's work; a route has a few dozen to a few hundred, and at most 3 peers): shorten it",
+					values, PeerValues, maxValues, len(src), ValueBytes, MinFileValues)}
+			}
+			if values > maxValues {
+				return &yamlscan.Error{Kind: yamlscan.TooMany, Line: top.Line, Column: top.Column, Message: fmt.Sprintf(
+					"with this document the file's ModelRoute documents have %d values (a peer counts as %d), more than %d, the limit for a file of %d bytes (one value per %d bytes, at least %d: it bounds the schema's work; a route has a few dozen to a few hundred): split the file (vet takes a directory)",
+					values, PeerValues, maxValues, len(src), ValueBytes, MinFileValues)}
+			}
 		}
 	}
+}
+
+// isList reports a List of objects: kind List (apiVersion v1, what
+// `kubectl get -o yaml` prints for several objects) or ModelRouteList.
+func isList(apiVersion, kind string) bool {
+	return (kind == "List" && apiVersion == "v1") || (kind == v1alpha1.Kind+"List" && strings.HasPrefix(apiVersion, v1alpha1.Group+"/"))
+}
+
+// listNodeItems are the item nodes of a List document's top mapping.
+func listNodeItems(top *yaml.Node) ([]*yaml.Node, bool) {
+	if top.Kind != yaml.MappingNode {
+		return nil, false
+	}
+	var head struct {
+		APIVersion string `yaml:"apiVersion"`
+		Kind       string `yaml:"kind"`
+	}
+	if top.Decode(&head) != nil || !isList(head.APIVersion, head.Kind) {
+		return nil, false
+	}
+	items := mappingPath(top, "items")
+	if items == nil || items.Kind != yaml.SequenceNode {
+		return nil, true
+	}
+	return items.Content, true
+}
+
+// mappingPath is the node at the keys below mapping n (nil when absent).
+func mappingPath(n *yaml.Node, keys ...string) *yaml.Node {
+	for _, k := range keys {
+		if n == nil || n.Kind != yaml.MappingNode {
+			return nil
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == k {
+				next = n.Content[i+1]
+			}
+		}
+		n = next
+	}
+	return n
 }
 
 // withDuplicates replaces the verdict on every route document whose
@@ -338,27 +416,63 @@ func (v *Validator) validateStream(filename string, src []byte) []Document {
 			docs = append(docs, Document{File: filename, Line: line, Err: &SyntaxError{File: filename, Line: line, Column: col, Message: msg}})
 			break
 		}
-		line := expr.Pos().Line()
-		if isEmptyDoc(expr) {
+		if items, ok := listItems(expr); ok {
+			for _, item := range items {
+				if d, ok := v.document(filename, item); ok {
+					docs = append(docs, d)
+				}
+			}
 			continue
 		}
-		if other := otherKind(stringField(expr, "apiVersion"), stringField(expr, "kind")); other != "" {
-			docs = append(docs, Document{File: filename, Line: line, OtherKind: other})
-			continue
+		if d, ok := v.document(filename, expr); ok {
+			docs = append(docs, d)
 		}
-		if _, ok := expr.(*ast.StructLit); !ok {
-			// The schema's own message would print the whole
-			// definition (14 KB for `--- 1`).
-			docs = append(docs, notMapping(filename, expr.Pos().Line(), expr.Pos().Column(), describeExpr(expr)))
-			continue
-		}
-		// BuildExpr, not CompileBytes: a long-lived cue.Context keeps every
-		// file it compiles for good (yaml.Extract + BuildFile retains ~20 KB
-		// per document); BuildExpr on the extracted expression stays flat.
-		r, err := v.check(filename, expr.Pos(), expr, true)
-		docs = append(docs, Document{File: filename, Line: line, Route: r, Err: err, v: v, tree: expr})
 	}
 	return docs
+}
+
+// document is the verdict on one document (or List item) expr; ok is
+// false for an empty one.
+func (v *Validator) document(filename string, expr ast.Expr) (Document, bool) {
+	line := expr.Pos().Line()
+	if isEmptyDoc(expr) {
+		return Document{}, false
+	}
+	if other := otherKind(stringField(expr, "apiVersion"), stringField(expr, "kind")); other != "" {
+		return Document{File: filename, Line: line, OtherKind: other}, true
+	}
+	if _, ok := expr.(*ast.StructLit); !ok {
+		// The schema's own message would print the whole definition
+		// (14 KB for `--- 1`).
+		return notMapping(filename, expr.Pos().Line(), expr.Pos().Column(), describeExpr(expr)), true
+	}
+	// BuildExpr, not CompileBytes: a long-lived cue.Context keeps every
+	// file it compiles for good (yaml.Extract + BuildFile retains ~20 KB
+	// per document); BuildExpr on the extracted expression stays flat.
+	r, err := v.check(filename, expr.Pos(), expr, true)
+	return Document{File: filename, Line: line, Route: r, Err: err, v: v, tree: expr}, true
+}
+
+// listItems are the items of a List document (isList), each judged as a
+// document of its own at its own position.
+func listItems(expr ast.Expr) ([]ast.Expr, bool) {
+	st, ok := expr.(*ast.StructLit)
+	if !ok || !isList(stringField(expr, "apiVersion"), stringField(expr, "kind")) {
+		return nil, false
+	}
+	for _, d := range st.Elts {
+		f, ok := d.(*ast.Field)
+		if !ok {
+			continue
+		}
+		if l, _, _ := ast.LabelName(f.Label); l != "items" {
+			continue
+		}
+		if list, ok := f.Value.(*ast.ListLit); ok {
+			return list.Elts, true
+		}
+	}
+	return nil, true
 }
 
 // extract reads the next YAML document. CUE's YAML decoder (v0.17.1)
@@ -396,39 +510,50 @@ func (v *Validator) validatePlain(filename string, src []byte) []Document {
 			docs = append(docs, Document{File: filename, Err: fmt.Errorf("%s: parse yaml: %w", filename, err)})
 			break
 		}
-		var data any
-		if err := node.Decode(&data); err != nil {
-			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: parse yaml: %w", filename, node.Line, err)})
-			continue
+		nodes := []*yaml.Node{&node}
+		if len(node.Content) == 1 {
+			if items, ok := listNodeItems(node.Content[0]); ok {
+				nodes = items
+			}
 		}
-		if data == nil {
-			continue
+		for _, n := range nodes {
+			if d, ok := v.plainDocument(filename, n); ok {
+				docs = append(docs, d)
+			}
 		}
-		m, ok := data.(map[string]any)
-		if !ok {
-			docs = append(docs, notMapping(filename, node.Line, 0, fmt.Sprintf("a %T", data)))
-			continue
-		}
-		av, _ := m["apiVersion"].(string)
-		k, _ := m["kind"].(string)
-		if other := otherKind(av, k); other != "" {
-			docs = append(docs, Document{File: filename, Line: node.Line, OtherKind: other})
-			continue
-		}
-		b, err := json.Marshal(data)
-		if err != nil {
-			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)})
-			continue
-		}
-		expr, err := cuejson.Extract(filename, escapeBOM(b))
-		if err != nil {
-			docs = append(docs, Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)})
-			continue
-		}
-		r, err := v.check(filename, lineOnly(filename, node.Line), expr, false)
-		docs = append(docs, Document{File: filename, Line: node.Line, Route: r, Err: err})
 	}
 	return docs
+}
+
+// plainDocument is validatePlain's verdict on one document (or List
+// item) node; ok is false for an empty one.
+func (v *Validator) plainDocument(filename string, node *yaml.Node) (Document, bool) {
+	var data any
+	if err := node.Decode(&data); err != nil {
+		return Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: parse yaml: %w", filename, node.Line, err)}, true
+	}
+	if data == nil {
+		return Document{}, false
+	}
+	m, ok := data.(map[string]any)
+	if !ok {
+		return notMapping(filename, node.Line, 0, fmt.Sprintf("a %T", data)), true
+	}
+	av, _ := m["apiVersion"].(string)
+	k, _ := m["kind"].(string)
+	if other := otherKind(av, k); other != "" {
+		return Document{File: filename, Line: node.Line, OtherKind: other}, true
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)}, true
+	}
+	expr, err := cuejson.Extract(filename, escapeBOM(b))
+	if err != nil {
+		return Document{File: filename, Line: node.Line, Err: fmt.Errorf("%s:%d: %w", filename, node.Line, err)}, true
+	}
+	r, err := v.check(filename, lineOnly(filename, node.Line), expr, false)
+	return Document{File: filename, Line: node.Line, Route: r, Err: err}, true
 }
 
 // notMapping is a document that is not a mapping (a scalar or a list),

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -28,7 +30,7 @@ func TestScripts(t *testing.T) {
 		Dir:                 "../../testdata/script",
 		RequireExplicitExec: true,
 		UpdateScripts:       os.Getenv("AUTOCONFIG_UPDATE") == "1",
-		Cmds:                map[string]func(*testscript.TestScript, bool, []string){"gen": genFile},
+		Cmds:                map[string]func(*testscript.TestScript, bool, []string){"gen": genFile, "samples": sampleFile},
 		Setup: func(env *testscript.Env) error {
 			root, err := os.Getwd()
 			if err != nil {
@@ -65,6 +67,26 @@ func genFile(ts *testscript.TestScript, neg bool, args []string) {
 		piece, err := strconv.Unquote(`"` + strings.ReplaceAll(a, `"`, `\"`) + `"`)
 		ts.Check(err)
 		b.WriteString(strings.Repeat(piece, n))
+	}
+	ts.Check(os.WriteFile(ts.MkAbs(args[0]), []byte(b.String()), 0o644))
+}
+
+// sampleFile is the script command `samples FILE N`: it writes FILE as N
+// copies of deploy/samples/modelroute-llm.yaml, each route its own (its
+// names, route, CART ConfigMap and monitor model numbered), as a GitOps
+// repository's routes rendered into one stream are.
+func sampleFile(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 2 {
+		ts.Fatalf("usage: samples FILE N")
+	}
+	n, err := strconv.Atoi(args[1])
+	ts.Check(err)
+	sample, err := os.ReadFile(filepath.Join(ts.Getenv("ROOT"), "deploy", "samples", "modelroute-llm.yaml"))
+	ts.Check(err)
+	var b strings.Builder
+	for i := range n {
+		doc := strings.ReplaceAll(string(sample), "qwen", fmt.Sprintf("qwen%d", i))
+		b.WriteString("---\n" + strings.ReplaceAll(doc, "Instruct", fmt.Sprintf("Instruct-%d", i)))
 	}
 	ts.Check(os.WriteFile(ts.MkAbs(args[0]), []byte(b.String()), 0o644))
 }

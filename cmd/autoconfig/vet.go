@@ -43,11 +43,14 @@ Documents of other kinds (a Deployment, a Kustomization: any object whose
 kind and apiVersion are not the ModelRoute's) are skipped and counted, so a
 GitOps directory or "helm template ... | autoconfig vet -" can be checked;
 --strict-kinds reports them as problems instead.
+The items of a List (kind List, as "kubectl get -o yaml" prints them, or
+ModelRouteList) are judged one by one, each at its own line.
 Before parsing, a file larger than 4 MiB, with a byte that is not UTF-8, or
 nested deeper than 100 levels (a ModelRoute needs fewer than 15) is refused
-at its line, and so is a file of more than 100 ModelRoute documents or
-5,000 values in them (split it), at the document past the limit; a mapping
-key that repeats is an error at the repeat, naming the line of the first.
+at its line, and so is a file of more ModelRoute documents than one per 256
+bytes (at least 100) or more values in them than one per 4 bytes (at least
+20,000; a peer counts as 40), at the document past the limit; a mapping key
+that repeats is an error at the repeat, naming the line of the first.
 Exit status: 0 all valid, 1 any invalid or conflicting, 2 usage error.
 
 The same verdict without this binary:

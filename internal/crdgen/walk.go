@@ -435,10 +435,13 @@ func (w *walker) value(v cue.Value, path string) (apiextv1.JSONSchemaProps, erro
 	}
 	p.MaxLength = s.maxLen
 	// A fully anchored, bounded pattern implies a length limit; stating it
-	// changes no verdict and lets the CEL cost estimator bound the string.
+	// lets the CEL cost estimator bound the string. Not tighter than
+	// patternSlack bytes: a value over maxLength gets the API server's
+	// "Too long: may not be more than 5 bytes" and no rule runs, so a
+	// 20-digit holdTimeout would never read the duration rule's message.
 	if p.Pattern != "" {
 		if n, ok := patternMaxLen(p.Pattern); ok {
-			p.MaxLength = minPtr(p.MaxLength, n)
+			p.MaxLength = minPtr(p.MaxLength, max(n, patternSlack))
 		}
 	}
 	if len(s.messages) > 0 {
@@ -523,6 +526,9 @@ func celString(s string) string {
 
 // patternMaxLen returns the longest string (in runes) a regex accepts when
 // every alternative is anchored at both ends and has no unbounded repeat.
+// patternSlack is the least maxLength a pattern implies (patternMaxLen).
+const patternSlack = 64
+
 func patternMaxLen(re string) (int64, bool) {
 	r, err := syntax.Parse(re, syntax.Perl)
 	if err != nil {
