@@ -19,7 +19,7 @@
 --                    the shipped nginx.conf's port 9145)
 --   router_probe     active health probes
 --   router_control   the control endpoint (peers pushes, demand)
---   router_hold      holding requests at zero (scale to zero)
+--   router_hold      scale to zero: holding requests, the open count
 --
 -- What the engine does, by phase:
 --   access   registration is lazy (once per worker and route); the
@@ -505,7 +505,7 @@ function M.access(route)
     return ngx.exit(500)
   end
   if r.hold.timeout > 0 then
-    hold.touch(r)
+    hold.arrive(r, ngx.ctx)
     if not hold.has_peer(r) then
       local result, waited = hold.wait(r, function()
         if r.dynamic then refresh(r) else hold.sync_static(r) end
@@ -869,6 +869,7 @@ function M.log(route)
     r.log_seen = true
   end
   local ctx = ngx.ctx
+  hold.leave(ctx)
   local v = ctx.autoconfig_version
   if r and v then
     state.incr(r, K_SERVED[v], 1)
@@ -960,11 +961,7 @@ local function gauges()
   for name in pairs(ngx.shared) do
     if name ~= METRICS_DICT then
       local dict = state.dict(name)
-      local dm = dict and hold.demand(dict)
-      if dm then
-        out[#out + 1] = { name = "autoconfig_engine_waiting_requests", value = dm.waiting,
-          labels = metrics.labels("route", name) }
-      end
+      hold.gauges(out, name, dict)
       local keys = dict and dict:get_keys(0) or {}
       for _, k in ipairs(keys) do
         local kind, host, port = string.match(k, "^([alrm])|[^|]*|(.*)|(%d+)$")

@@ -69,6 +69,8 @@ M.families = {
   -- gauges (supplied by the engine at scrape time)
   { name = "autoconfig_engine_waiting_requests", type = "gauge",
     help = "Requests held now because the route has no peer (scale to zero), by route; 0 on every route that holds. A KEDA Prometheus trigger may scale on it." },
+  { name = "autoconfig_engine_open_requests", type = "gauge",
+    help = "Requests open now on a route that holds (scale to zero): held, waiting for their first byte or streaming, by route; 0 on every route that holds." },
   { name = "autoconfig_engine_peer_in_flight", type = "gauge",
     help = "Requests in flight to the peer, by route and peer." },
   { name = "autoconfig_engine_peer_concurrency_limit", type = "gauge",

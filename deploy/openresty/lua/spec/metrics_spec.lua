@@ -211,6 +211,7 @@ describe("router_metrics", function()
         autoconfig_engine_decode_tokens_per_second = "histogram",
         autoconfig_engine_hold_seconds = "histogram",
         autoconfig_engine_waiting_requests = "gauge",
+        autoconfig_engine_open_requests = "gauge",
         autoconfig_engine_peer_in_flight = "gauge",
         autoconfig_engine_peer_concurrency_limit = "gauge",
         autoconfig_engine_peer_decode_tokens_per_second = "gauge",
@@ -417,6 +418,7 @@ describe("router_metrics", function()
       { name = "autoconfig_engine_peer_decode_tokens_per_second", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 41.37 },
       { name = "autoconfig_engine_peer_ttft_seconds", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 0.1 },
       { name = "autoconfig_engine_waiting_requests", labels = 'route="qwen"', value = 2 },
+      { name = "autoconfig_engine_open_requests", labels = 'route="qwen"', value = 3 },
     }
 
     it("is valid exposition with every family, HELP/TYPE once before its series", function()
