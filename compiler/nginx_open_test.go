@@ -151,3 +151,65 @@ func TestNginxHoldOpenStream(t *testing.T) {
 		t.Errorf("demand after a timed-out hold: %+v, want open 0 and its end a hold_timeout after its request", d)
 	}
 }
+
+// TestNginxStreamCut: a streamed answer whose backend dies mid-stream
+// counts in autoconfig_engine_streams_cut_total{reason="upstream"}, on
+// any route (this one does not hold); one that ends does not, and one
+// whose client goes away counts reason "client".
+func TestNginxStreamCut(t *testing.T) {
+	n := startDynamic(t)
+	c := controlClient(n)
+	route := holdRoute("zc", "", nil)
+	route.Spec.ScaleToZero = nil
+	end, sent := make(chan bool, 1), make(chan time.Time, 1)
+	be := cutBackend(t, end, sent)
+	conf, full := holdOutputs(t, n, route, Snapshot{Backends: []Endpoint{be.endpoint(t)}}, true)
+	installDynamic(t, n, "zc", conf)
+	ft, err := peers.Parse(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(t, c, ft, full, 1)
+	upstream := `autoconfig_engine_streams_cut_total{route="zc",reason="upstream"}`
+	client := `autoconfig_engine_streams_cut_total{route="zc",reason="client"}`
+
+	// A stream that ends.
+	_, br := openStream(t, n.URL("zc"))
+	end <- true
+	<-sent
+	io.ReadAll(br)
+	// A stream whose backend dies.
+	_, br = openStream(t, n.URL("zc"))
+	end <- false
+	<-sent
+	rest, _ := io.ReadAll(br)
+	if strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("the cut stream ended: %q", rest)
+	}
+	waitMetric(t, n, upstream, "1")
+	// A stream whose client goes away.
+	resp, _ := openStream(t, n.URL("zc"))
+	resp.Body.Close()
+	waitMetric(t, n, client, "1")
+	end <- true
+	<-sent
+	if got := metricValue(t, n, upstream); got != "1" {
+		t.Errorf("%s = %q after a stream that ended and one whose client left, want 1", upstream, got)
+	}
+}
+
+// waitMetric waits until series has value want.
+func waitMetric(t *testing.T, n *nginxtest.Nginx, series, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := metricValue(t, n, series)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %q, want %s", series, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -20,6 +20,7 @@
 --   router_probe     active health probes
 --   router_control   the control endpoint (peers pushes, demand)
 --   router_hold      scale to zero: holding requests, the open count
+--   router_cut       streamed answers cut before their end
 --
 -- What the engine does, by phase:
 --   access   registration is lazy (once per worker and route); the
@@ -51,6 +52,7 @@ local metrics = require("router_metrics")
 local probe_mod = require("router_probe")
 local control_mod = require("router_control")
 local hold = require("router_hold")
+local cut = require("router_cut")
 
 local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
 local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
@@ -902,6 +904,7 @@ function M.log(route)
       metrics.inc(d, "autoconfig_engine_affinity_placements_total", ps, 1)
     end
     settle_answer(r, req, last.t, last.p, v)
+    cut.count(metrics_dict(), r, req, v)
   end
   if not last or last.settled then
     return

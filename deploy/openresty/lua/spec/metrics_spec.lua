@@ -207,6 +207,7 @@ describe("router_metrics", function()
         autoconfig_engine_canary_fallthrough_total = "counter",
         autoconfig_engine_state_write_failures_total = "counter",
         autoconfig_engine_held_requests_total = "counter",
+        autoconfig_engine_streams_cut_total = "counter",
         autoconfig_engine_ttft_seconds = "histogram",
         autoconfig_engine_decode_tokens_per_second = "histogram",
         autoconfig_engine_hold_seconds = "histogram",
@@ -408,6 +409,7 @@ describe("router_metrics", function()
         M.inc(d, "autoconfig_engine_state_write_failures_total", M.labels("route", r))
         M.inc(d, "autoconfig_engine_held_requests_total", M.labels("route", r, "result", "served"), 3)
         M.observe(d, "autoconfig_engine_hold_seconds", M.labels("route", r), 4.5)
+        M.inc(d, "autoconfig_engine_streams_cut_total", M.labels("route", r, "reason", "upstream"))
       end
       return d
     end
