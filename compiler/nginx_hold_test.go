@@ -55,7 +55,9 @@ func holdOutputs(t *testing.T, n *nginxtest.Nginx, route *Route, snap Snapshot, 
 // demandOf is the engine's GET /demand entry of route.
 type demandEntry struct {
 	Waiting     int     `json:"waiting"`
+	Open        int     `json:"open"`
 	LastRequest float64 `json:"last_request"`
+	LastEnd     float64 `json:"last_end"`
 	HeldTotal   int     `json:"held_total"`
 }
 

@@ -1,14 +1,21 @@
 package reload
 
 // This file: the demand of scale-to-zero routes. The engine reports, on
-// its control socket (GET /demand), the requests it holds per route and
-// when each route's last request arrived; the sidecar polls it and keeps
-// it in the served report on its Pod (served.Report.Demand), which the
-// controller reads to wake a route's workload and, with idleAfter, to put
-// it back to zero. A report changes when a route's waiting count changes,
-// when a route comes or goes, and when its last request is at least
+// its control socket (GET /demand), per route the requests it holds, the
+// requests open now (held, waiting for their first byte, streaming), when
+// the last request arrived and when the last one ended; the sidecar polls
+// it and keeps it in the served report on its Pod (served.Report.Demand),
+// which the controller reads to wake a route's workload and, with
+// idleAfter, to put it back to zero once no request is open. A report
+// changes when a route's waiting count changes, when a route comes or
+// goes, when its open count goes from 0 to more or back to 0 (then with
+// the end's time), and when its last request or end is at least
 // --demand-granularity later than the one reported: a busy route patches
-// the Pod at most once per step.
+// the Pod at most once per step (other changes of the open count ride
+// along). While it reports any demand the sidecar also rewrites the
+// report's DemandAt (when it last read the engine) at least every
+// served.DemandHeartbeatSteps steps, so the controller can tell a sidecar
+// that stopped from an idle route.
 
 import (
 	"context"
@@ -37,23 +44,27 @@ const DefaultDemandInterval = 250 * time.Millisecond
 type demandAnswer struct {
 	Routes map[string]struct {
 		Waiting     int     `json:"waiting"`
+		Open        int     `json:"open"`
 		LastRequest float64 `json:"last_request"`
+		LastEnd     float64 `json:"last_end"`
 	} `json:"routes"`
 }
 
 // DemandPoller reads the engine's demand report and hands the served
-// report's demand to Set when it changed.
+// report's demand to Set when it changed, and again as a heartbeat.
 type DemandPoller struct {
 	// Path is the engine's control socket.
 	Path string
 	// Interval is the poll period; Granularity the step of Last.
 	Interval, Granularity time.Duration
-	// Set receives each new demand (nil = none); it must not block.
-	Set func(map[string]served.Demand)
+	// Set receives each new demand (nil = none) and when the engine was
+	// read (served.Report.DemandAt); it must not block.
+	Set func(map[string]served.Demand, time.Time)
 	Log *slog.Logger
 
 	client   *http.Client
 	reported map[string]served.Demand
+	setAt    time.Time // when Set was last called
 	failing  bool
 }
 
@@ -86,11 +97,27 @@ func (d *DemandPoller) Run(ctx context.Context) error {
 			continue
 		}
 		d.failing = false
-		if next, changed := nextDemand(d.reported, got, d.Granularity); changed {
-			d.reported = next
-			d.Set(maps.Clone(next))
+		at := time.Now().UTC()
+		if next, ok := d.observe(got, at); ok {
+			d.Set(next, at)
 		}
 	}
+}
+
+// observe takes what the engine said at time at: the demand to hand to
+// Set and whether to — when it changed (nextDemand), or as the heartbeat
+// once DemandHeartbeatSteps steps passed since the last Set while any
+// route's demand is reported. A poll that fails is no read: no heartbeat.
+func (d *DemandPoller) observe(got map[string]served.Demand, at time.Time) (map[string]served.Demand, bool) {
+	next, changed := nextDemand(d.reported, got, d.Granularity)
+	if !changed {
+		if len(d.reported) == 0 || at.Sub(d.setAt) < served.DemandHeartbeatSteps*d.Granularity {
+			return nil, false
+		}
+		next = d.reported
+	}
+	d.reported, d.setAt = next, at
+	return maps.Clone(next), true
 }
 
 func (d *DemandPoller) fetch(ctx context.Context) (map[string]served.Demand, error) {
@@ -116,27 +143,50 @@ func (d *DemandPoller) fetch(ctx context.Context) (map[string]served.Demand, err
 	}
 	out := make(map[string]served.Demand, len(a.Routes))
 	for route, r := range a.Routes {
-		dm := served.Demand{Waiting: max(r.Waiting, 0)}
-		if r.LastRequest > 0 && !math.IsInf(r.LastRequest, 0) {
-			sec, frac := math.Modf(r.LastRequest)
-			dm.Last = time.Unix(int64(sec), int64(frac*1e9)).UTC()
+		dm := served.Demand{Waiting: max(r.Waiting, 0), Open: max(r.Open, 0), Last: unixTime(r.LastRequest)}
+		if end := unixTime(r.LastEnd); end.After(dm.Last) {
+			dm.Last = end
 		}
 		out[route] = dm
 	}
 	return out, nil
 }
 
+// unixTime is the engine's time t (unix seconds, fractional; 0 = none)
+// in UTC; the zero time for 0 or a value that is no time.
+func unixTime(t float64) time.Time {
+	if !(t > 0) || math.IsInf(t, 0) {
+		return time.Time{}
+	}
+	sec, frac := math.Modf(t)
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC()
+}
+
 // nextDemand is the demand to report after prev given what the engine
 // says now, and whether it differs from prev: a route's waiting count as
-// it is, its last request only when at least step later than the
-// reported one (or the first), truncated to the second.
+// it is; its last request or end (the later) only when at least step
+// later than the reported one (or the first), truncated to the second;
+// its open count at once when it goes from 0 to more or back to 0 (then
+// with the end's time as Last, whatever the step: the controller counts
+// idleAfter from there), otherwise only along with a change of Last.
+// Truncating to the second makes Last up to a second earlier than the
+// true end, which only delays a scale to zero.
 func nextDemand(prev, now map[string]served.Demand, step time.Duration) (map[string]served.Demand, bool) {
 	next := make(map[string]served.Demand, len(now))
 	changed := len(prev) != len(now)
 	for route, n := range now {
 		p, had := prev[route]
-		out := served.Demand{Waiting: n.Waiting, Last: p.Last, StepSeconds: step.Seconds()}
+		out := served.Demand{Waiting: n.Waiting, Open: p.Open, Last: p.Last, StepSeconds: step.Seconds()}
+		moved := false
 		if !n.Last.IsZero() && (p.Last.IsZero() || n.Last.Sub(p.Last) >= step) {
+			out.Last = n.Last.Truncate(time.Second)
+			moved = true
+		}
+		busy := (p.Open > 0) != (n.Open > 0)
+		if !had || moved || busy {
+			out.Open = n.Open
+		}
+		if busy && n.Open == 0 && n.Last.Truncate(time.Second).After(out.Last) {
 			out.Last = n.Last.Truncate(time.Second)
 		}
 		if !had || out != p {

@@ -30,12 +30,13 @@ type PodReporter struct {
 	Log       *slog.Logger
 	Metrics   *Metrics
 
-	once    sync.Once
-	mu      sync.Mutex
-	pending *served.Report
-	last    *served.Report           // the last report given, without demand
-	demand  map[string]served.Demand // the engine's demand (demand.go)
-	wake    chan struct{}
+	once     sync.Once
+	mu       sync.Mutex
+	pending  *served.Report
+	last     *served.Report           // the last report given, without demand
+	demand   map[string]served.Demand // the engine's demand (demand.go)
+	demandAt time.Time                // when the engine's demand was read
+	wake     chan struct{}
 }
 
 func (p *PodReporter) init() {
@@ -59,12 +60,13 @@ func (p *PodReporter) Report(r served.Report) {
 	p.mu.Unlock()
 }
 
-// SetDemand queues the last report again with demand d (demand.go); before
+// SetDemand queues the last report again with demand d, read from the
+// engine at time at (demand.go: on a change, and as the heartbeat); before
 // the first report it is kept for it.
-func (p *PodReporter) SetDemand(d map[string]served.Demand) {
+func (p *PodReporter) SetDemand(d map[string]served.Demand, at time.Time) {
 	p.init()
 	p.mu.Lock()
-	p.demand = d
+	p.demand, p.demandAt = d, at
 	if p.last != nil {
 		p.queue()
 	}
@@ -76,7 +78,9 @@ func (p *PodReporter) SetDemand(d map[string]served.Demand) {
 func (p *PodReporter) queue() {
 	r := *p.last
 	if len(p.demand) > 0 {
-		r.Demand = p.demand
+		// DemandAt only with a demand: a pod without scale-to-zero
+		// routes keeps its report as it was.
+		r.Demand, r.DemandAt = p.demand, p.demandAt.UTC().Truncate(time.Second)
 	}
 	p.pending = &r
 	select {

@@ -19,7 +19,8 @@
 --                    the shipped nginx.conf's port 9145)
 --   router_probe     active health probes
 --   router_control   the control endpoint (peers pushes, demand)
---   router_hold      holding requests at zero (scale to zero)
+--   router_hold      scale to zero: holding requests, the open count
+--   router_cut       streamed answers cut before their end
 --
 -- What the engine does, by phase:
 --   access   registration is lazy (once per worker and route); the
@@ -51,6 +52,7 @@ local metrics = require("router_metrics")
 local probe_mod = require("router_probe")
 local control_mod = require("router_control")
 local hold = require("router_hold")
+local cut = require("router_cut")
 
 local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
 local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
@@ -505,7 +507,7 @@ function M.access(route)
     return ngx.exit(500)
   end
   if r.hold.timeout > 0 then
-    hold.touch(r)
+    hold.arrive(r, ngx.ctx)
     if not hold.has_peer(r) then
       local result, waited = hold.wait(r, function()
         if r.dynamic then refresh(r) else hold.sync_static(r) end
@@ -869,6 +871,7 @@ function M.log(route)
     r.log_seen = true
   end
   local ctx = ngx.ctx
+  hold.leave(ctx)
   local v = ctx.autoconfig_version
   if r and v then
     state.incr(r, K_SERVED[v], 1)
@@ -901,6 +904,7 @@ function M.log(route)
       metrics.inc(d, "autoconfig_engine_affinity_placements_total", ps, 1)
     end
     settle_answer(r, req, last.t, last.p, v)
+    cut.count(metrics_dict(), r, req, v)
   end
   if not last or last.settled then
     return
@@ -960,11 +964,7 @@ local function gauges()
   for name in pairs(ngx.shared) do
     if name ~= METRICS_DICT then
       local dict = state.dict(name)
-      local dm = dict and hold.demand(dict)
-      if dm then
-        out[#out + 1] = { name = "autoconfig_engine_waiting_requests", value = dm.waiting,
-          labels = metrics.labels("route", name) }
-      end
+      hold.gauges(out, name, dict)
       local keys = dict and dict:get_keys(0) or {}
       for _, k in ipairs(keys) do
         local kind, host, port = string.match(k, "^([alrm])|[^|]*|(.*)|(%d+)$")

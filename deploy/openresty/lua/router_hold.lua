@@ -11,7 +11,23 @@
 --
 -- The route's dict also keeps what the controller needs to wake and idle
 -- the model (GET /demand on the control endpoint): the requests waiting,
--- the time of the route's last request and the requests held so far.
+-- the requests open now, the times of the route's last request and of the
+-- last request's end, and the requests held so far.
+--
+-- A request is open from its access phase (arrive) to its log phase
+-- (leave): held, waiting for its first byte, or streaming. The count is
+-- kept with non-evicting writes (router_state), and the request carries a
+-- mark in ngx.ctx naming the route it was counted on, so leave gives it
+-- back exactly once, also after the route was registered again (without
+-- the hold) in between. Every way out of the access phase (ngx.exit,
+-- an error) still runs the request's log phase with the same ngx.ctx:
+-- the route files (compiler/llm.go, video.go) have no error_page,
+-- try_files or ngx.exec, the only internal redirect that drops ngx.ctx,
+-- and their rewrite … break runs before the access phase. An engine
+-- whose configuration adds one must give the count back there too.
+-- A worker that dies with requests open (a crash, not a reload: an
+-- exiting worker runs their log phases) leaves them counted until nginx
+-- restarts.
 --
 -- A static route's tiers are per worker, from its route file: a request
 -- held in a worker of the old configuration after a reload would never
@@ -27,6 +43,7 @@
 -- back then, on every way out.
 local cjson = require("cjson.safe")
 local state = require("router_state")
+local metrics = require("router_metrics")
 
 local M = {}
 
@@ -34,6 +51,8 @@ M.K_ON = "hold|on"           -- the route holds (set at registration)
 M.K_WAITING = "hold|waiting" -- requests held now
 M.K_LAST = "hold|last"       -- ngx.now() of the last request
 M.K_TOTAL = "hold|total"     -- requests held so far
+M.K_OPEN = "hold|open"       -- requests open now (access to log phase)
+M.K_LAST_END = "hold|last_end" -- ngx.now() of the last request's end
 M.K_TIERS = "hold|tiers"     -- a static route's tiers (JSON)
 M.K_TIERS_VERSION = "hold|tiers_version"
 M.STEP = 0.05
@@ -42,6 +61,7 @@ M.MAX_TIMEOUT = 3600
 
 local K_ON, K_WAITING, K_LAST, K_TOTAL = M.K_ON, M.K_WAITING, M.K_LAST, M.K_TOTAL
 local K_TIERS, K_TIERS_VERSION = M.K_TIERS, M.K_TIERS_VERSION
+local K_OPEN, K_LAST_END = M.K_OPEN, M.K_LAST_END
 
 -- config: the hold of a route's options; timeout 0 = the route does not
 -- hold.
@@ -102,6 +122,37 @@ end
 -- touch records a request of the route (held or not).
 function M.touch(r)
   state.set(r, K_LAST, ngx.now())
+end
+
+-- arrive: a request of hold route r begins (its access phase): its time,
+-- and it is open until its log phase calls leave with the same ctx
+-- (ngx.ctx). A request is counted once; a full dict counts nothing (and
+-- leave then gives nothing back).
+function M.arrive(r, ctx)
+  M.touch(r)
+  if ctx.autoconfig_open == nil then
+    ctx.autoconfig_open = false
+    if state.incr(r, K_OPEN, 1) then
+      ctx.autoconfig_open = r
+    end
+  end
+end
+
+-- leave: the log phase of a request arrive counted: it is open no more,
+-- and its end is the route's last end (unless another worker recorded a
+-- later one meanwhile).
+function M.leave(ctx)
+  local r = ctx.autoconfig_open
+  if not r then
+    return
+  end
+  ctx.autoconfig_open = false
+  state.decr(r, K_OPEN)
+  ngx.update_time()
+  local now = ngx.now()
+  if (r.store:get(K_LAST_END) or 0) < now then
+    state.set(r, K_LAST_END, now)
+  end
 end
 
 -- poke asks the route's own socket (addr, e.g. "unix:/…/qwen.sock") for
@@ -174,9 +225,23 @@ function M.demand(dict)
   end
   return {
     waiting = math.max(dict:get(K_WAITING) or 0, 0),
+    open = math.max(dict:get(K_OPEN) or 0, 0),
     last_request = dict:get(K_LAST) or 0,
+    last_end = dict:get(K_LAST_END) or 0,
     held_total = dict:get(K_TOTAL) or 0,
   }
+end
+
+-- gauges appends the hold gauges of the route dict named name (dict) to
+-- out (router.lua's scrape-time gauges): nothing when it does not hold.
+function M.gauges(out, name, dict)
+  local dm = dict and M.demand(dict)
+  if not dm then
+    return
+  end
+  local labels = metrics.labels("route", name)
+  out[#out + 1] = { name = "autoconfig_engine_waiting_requests", value = dm.waiting, labels = labels }
+  out[#out + 1] = { name = "autoconfig_engine_open_requests", value = dm.open, labels = labels }
 end
 
 return M

@@ -59,6 +59,8 @@ M.families = {
     help = "Writes of peer or request state the route's dict had no room for (the request is still served; the dict never evicts the peers table for state), by route." },
   { name = "autoconfig_engine_held_requests_total", type = "counter",
     help = "Requests held because the route had no peer (scale to zero), by route and result (served: a peer arrived; timeout: answered 503 after hold_timeout; refused: hold_max requests were held already, answered 503 at once)." },
+  { name = "autoconfig_engine_streams_cut_total", type = "counter",
+    help = "Streamed answers (text/event-stream) that ended before their end ([DONE], a finish_reason, a Responses API end event), by route, version and reason (upstream: the backend closed, died or timed out mid-stream; client: the client went away)." },
   -- histograms
   { name = "autoconfig_engine_ttft_seconds", type = "histogram", buckets = ttft_buckets,
     help = "Time to first token (the first content event of a streamed answer) in seconds, by route and version." },
@@ -69,6 +71,8 @@ M.families = {
   -- gauges (supplied by the engine at scrape time)
   { name = "autoconfig_engine_waiting_requests", type = "gauge",
     help = "Requests held now because the route has no peer (scale to zero), by route; 0 on every route that holds. A KEDA Prometheus trigger may scale on it." },
+  { name = "autoconfig_engine_open_requests", type = "gauge",
+    help = "Requests open now on a route that holds (scale to zero): held, waiting for their first byte or streaming, by route; 0 on every route that holds." },
   { name = "autoconfig_engine_peer_in_flight", type = "gauge",
     help = "Requests in flight to the peer, by route and peer." },
   { name = "autoconfig_engine_peer_concurrency_limit", type = "gauge",

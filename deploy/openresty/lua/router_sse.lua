@@ -19,7 +19,11 @@
 -- (chat, completions) or input_tokens / output_tokens (Responses API,
 -- inside "response"). The first "id" string of the stream (a chat chunk's
 -- "chatcmpl-…", a Responses "resp_…") goes to state.id. A "data: [DONE]"
--- line ends the stream: later chunks are ignored.
+-- line ends the stream: later chunks are ignored. An answer that says it
+-- is complete sets state.finished: a non-empty "finish_reason" string (a
+-- chat or completions choice's last chunk) or a Responses API event
+-- "response.completed", "response.incomplete" or "response.failed"; a
+-- stream with neither and no [DONE] was cut (M.ended).
 --
 -- Non-streamed answers (application/json): `feed_json` keeps the chunks
 -- (up to a byte limit), `finish_json` decodes them once for usage and the
@@ -45,7 +49,7 @@ local LF, CR, SPACE, QUOTE, BRACE = 10, 13, 32, 34, 123
 
 -- The needles (plain strings, so string.find stays compiled), by index
 -- into state.at / state.to. A key's needle ends on its colon.
-local CONTENT, REASONING, TEXT, TYPE, USAGE, DONE, ID = 1, 2, 3, 4, 5, 6, 7
+local CONTENT, REASONING, TEXT, TYPE, USAGE, DONE, ID, FINISH = 1, 2, 3, 4, 5, 6, 7, 8
 local NEEDLES = {
   [CONTENT] = 'content":', -- "content" and "reasoning_content"
   [REASONING] = '"reasoning":',
@@ -54,6 +58,7 @@ local NEEDLES = {
   [USAGE] = '"usage":',
   [DONE] = "[DONE]",
   [ID] = '"id":',
+  [FINISH] = '"finish_reason":',
 }
 local NNEEDLES = #NEEDLES
 
@@ -68,6 +73,7 @@ end
 function M.reset(state)
   state.tail = nil
   state.done = false
+  state.finished = false
   state.tokens = 0
   state.dropped = 0
   state.prompt_tokens = nil
@@ -176,15 +182,21 @@ local function is_done(state, data, pos, stop)
   return false
 end
 
+-- The Responses API events that end an answer.
+local RESPONSE_ENDS = { ["response.completed"] = true, ["response.incomplete"] = true, ["response.failed"] = true }
+
 -- For a Responses API event in [pos, stop) (a "type" whose value starts
--- with "response."): whether that type ends in "text.delta". nil for
--- other events.
+-- with "response."): whether that type ends in "text.delta" (and
+-- state.finished when the type ends the answer). nil for other events.
 local function responses_delta(state, data, pos, stop)
   local s, e = match_in(state, data, TYPE, pos, stop)
   while s do
     local v, b = value_at(data, e)
     if b == QUOTE and find(data, "response.", v + 1, true) == v + 1 then
       local close = find(data, '"', v + 10, true)
+      if close ~= nil and close - v <= 24 and RESPONSE_ENDS[sub(data, v + 1, close - 1)] then
+        state.finished = true
+      end
       return close ~= nil and find(data, 'text.delta"', close - 10, true) == close - 10
     end
     s, e = match_in(state, data, TYPE, e + 1, stop)
@@ -250,6 +262,9 @@ local function on_event(state, data, pos, stop)
   end
   if has_object(state, data, USAGE, pos, stop) then
     read_usage(state, data, pos, stop)
+  end
+  if not state.finished and has_text(state, data, FINISH, pos, stop) then
+    state.finished = true
   end
   if is_token(state, data, pos, stop) then
     return 1
@@ -325,6 +340,12 @@ function M.feed(state, chunk)
   keep_tail(state, data, pos)
   state.tokens = state.tokens + n
   return n
+end
+
+-- ended(state) -> whether the streamed answer fed so far reached its end
+-- ([DONE], or state.finished); false for a stream cut before it.
+function M.ended(state)
+  return state.done or state.finished
 end
 
 -- feed_json(state, chunk, limit) -> true while the answer is kept, false

@@ -1,7 +1,8 @@
 -- router_hold: the hold's options, the peer count, and the wait loop on a
 -- simulated clock (ngx.sleep advances it): served at the first peer,
 -- refused past hold_max, 503 at the timeout, the waiting count always
--- given back; the demand report of a route dict.
+-- given back; the open count (arrive in the access phase, leave in the
+-- log phase, exactly once) and the demand report of a route dict.
 
 local clock, exiting = 1000, false
 _G.ngx = {
@@ -151,6 +152,96 @@ describe("router_hold.demand", function()
     assert.is_nil(hold.demand(r.store))
     hold.registered(r)
     hold.touch(r)
-    assert.are.same({ waiting = 0, last_request = 1000, held_total = 0 }, hold.demand(r.store))
+    assert.are.same({ waiting = 0, open = 0, last_request = 1000, last_end = 0, held_total = 0 }, hold.demand(r.store))
+  end)
+end)
+
+describe("router_hold open count", function()
+  it("counts a request from arrive to leave, once, and records its end", function()
+    local r = route({ hold_timeout = "5" }, true)
+    hold.registered(r)
+    clock = 2000
+    local a, b = {}, {}
+    hold.arrive(r, a)
+    hold.arrive(r, a) -- the same request again: counted once
+    hold.arrive(r, b)
+    local d = hold.demand(r.store)
+    assert.are.equal(2, d.open)
+    assert.are.equal(2000, d.last_request)
+    assert.are.equal(0, d.last_end)
+    clock = 2007.5
+    hold.leave(a)
+    hold.leave(a) -- a second log phase gives nothing back
+    d = hold.demand(r.store)
+    assert.are.equal(1, d.open)
+    assert.are.equal(2007.5, d.last_end)
+    clock = 2009
+    hold.leave(b)
+    d = hold.demand(r.store)
+    assert.are.equal(0, d.open)
+    assert.are.equal(2009, d.last_end)
+    assert.are.equal(2000, d.last_request)
+  end)
+
+  it("gives nothing back for a request it did not count", function()
+    local r = route({ hold_timeout = "5" }, true)
+    hold.registered(r)
+    hold.arrive(r, {})
+    hold.leave({}) -- a request that never arrived on a hold route
+    assert.are.equal(1, hold.demand(r.store).open)
+  end)
+
+  it("counts nothing when the dict is full, and gives nothing back", function()
+    local r = route({ hold_timeout = "5" }, true)
+    hold.registered(r)
+    r.store.safe_add = function() return false, "no memory" end
+    local ctx = {}
+    hold.arrive(r, ctx)
+    assert.are.equal(0, hold.demand(r.store).open)
+    hold.leave(ctx)
+    assert.are.equal(0, hold.demand(r.store).open)
+    assert.is_nil(r.store:get(hold.K_LAST_END))
+  end)
+
+  it("gives the count back on the route it was taken on, after a re-registration", function()
+    local r = route({ hold_timeout = "5" }, true)
+    hold.registered(r)
+    local ctx = {}
+    hold.arrive(r, ctx)
+    -- the route registered again without the hold (a new route object
+    -- whose hold is off): the mark names the route the count was taken on
+    r.hold = hold.config({})
+    hold.leave(ctx)
+    assert.are.equal(0, hold.demand(r.store).open)
+  end)
+
+  it("never moves the last end back", function()
+    local r = route({ hold_timeout = "5" }, true)
+    hold.registered(r)
+    local a, b = {}, {}
+    hold.arrive(r, a)
+    hold.arrive(r, b)
+    clock = 3000
+    hold.leave(a)
+    clock = 2999 -- another worker's older end, logged later
+    hold.leave(b)
+    assert.are.equal(3000, hold.demand(r.store).last_end)
+  end)
+
+  it("exports the waiting and open gauges of a holding route only", function()
+    local r = route({ hold_timeout = "5" }, true)
+    local out = {}
+    hold.gauges(out, "qwen", r.store)
+    assert.are.equal(0, #out)
+    hold.registered(r)
+    hold.arrive(r, {})
+    hold.gauges(out, "qwen", r.store)
+    hold.gauges(out, "none", nil)
+    assert.are.equal(2, #out)
+    assert.are.equal("autoconfig_engine_waiting_requests", out[1].name)
+    assert.are.equal(0, out[1].value)
+    assert.are.equal("autoconfig_engine_open_requests", out[2].name)
+    assert.are.equal(1, out[2].value)
+    assert.are.equal('route="qwen"', out[2].labels)
   end)
 end)

@@ -207,10 +207,12 @@ describe("router_metrics", function()
         autoconfig_engine_canary_fallthrough_total = "counter",
         autoconfig_engine_state_write_failures_total = "counter",
         autoconfig_engine_held_requests_total = "counter",
+        autoconfig_engine_streams_cut_total = "counter",
         autoconfig_engine_ttft_seconds = "histogram",
         autoconfig_engine_decode_tokens_per_second = "histogram",
         autoconfig_engine_hold_seconds = "histogram",
         autoconfig_engine_waiting_requests = "gauge",
+        autoconfig_engine_open_requests = "gauge",
         autoconfig_engine_peer_in_flight = "gauge",
         autoconfig_engine_peer_concurrency_limit = "gauge",
         autoconfig_engine_peer_decode_tokens_per_second = "gauge",
@@ -407,6 +409,7 @@ describe("router_metrics", function()
         M.inc(d, "autoconfig_engine_state_write_failures_total", M.labels("route", r))
         M.inc(d, "autoconfig_engine_held_requests_total", M.labels("route", r, "result", "served"), 3)
         M.observe(d, "autoconfig_engine_hold_seconds", M.labels("route", r), 4.5)
+        M.inc(d, "autoconfig_engine_streams_cut_total", M.labels("route", r, "reason", "upstream"))
       end
       return d
     end
@@ -417,6 +420,7 @@ describe("router_metrics", function()
       { name = "autoconfig_engine_peer_decode_tokens_per_second", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 41.37 },
       { name = "autoconfig_engine_peer_ttft_seconds", labels = 'route="qwen",peer="10.0.0.1:8000"', value = 0.1 },
       { name = "autoconfig_engine_waiting_requests", labels = 'route="qwen"', value = 2 },
+      { name = "autoconfig_engine_open_requests", labels = 'route="qwen"', value = 3 },
     }
 
     it("is valid exposition with every family, HELP/TYPE once before its series", function()
