@@ -1,9 +1,11 @@
 package crdgen
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/modelsphere/autoconfig/internal/celcheck"
 	"github.com/modelsphere/autoconfig/schema"
 )
 
@@ -47,5 +49,35 @@ func TestPatternMaxLen(t *testing.T) {
 		if got != c.want || ok != c.ok {
 			t.Errorf("patternMaxLen(%q) = %d, %v; want %d, %v", c.re, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// A value far longer than a duration's pattern allows still reads the
+// duration rule's message: the maxLength a pattern implies is at least
+// patternSlack, so the API server's "Too long: may not be more than 5
+// bytes" (which skips every rule) is not what a 20-digit holdTimeout
+// gets. The in-process validator is the API server's (TestThreeJudges).
+func TestLongValueReadsTheRule(t *testing.T) {
+	res, err := Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := celcheck.New(res.CRD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := map[string]any{
+		"apiVersion": "routing.modelsphere.dev/v1alpha1", "kind": "ModelRoute",
+		"metadata": map[string]any{"name": "qwen", "namespace": "llm"},
+		"spec": map[string]any{
+			"discovery":   map[string]any{"service": "qwen"},
+			"nginx":       map[string]any{"outputConfigMap": "conf", "peers": []any{map[string]any{"use": "backend"}}},
+			"scaleToZero": map[string]any{"target": map[string]any{"kind": "Deployment", "name": "qwen"}, "holdTimeout": "12345678901234567890s"},
+		},
+	}
+	errs := v.Validate(context.Background(), obj)
+	got := errs.ToAggregate()
+	if got == nil || !strings.Contains(got.Error(), "scaleToZero.holdTimeout must be a duration from 1s to 1h") || strings.Contains(got.Error(), "Too long") {
+		t.Fatalf("a 20-digit holdTimeout: %v; want the duration rule's message", got)
 	}
 }
