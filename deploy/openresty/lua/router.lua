@@ -53,6 +53,7 @@ local probe_mod = require("router_probe")
 local control_mod = require("router_control")
 local hold = require("router_hold")
 local cut = require("router_cut")
+local gauges = require("router_gauges")
 
 local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
 local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
@@ -172,6 +173,7 @@ function M.register_route(route, options, tiers, c)
     end
   end
   set_affinity(r)
+  gauges.remember(r)
   if r.hold.timeout > 0 then
     hold.registered(r)
   end
@@ -950,41 +952,9 @@ end
 -- ---------------------------------------------------------------------
 -- GET /metrics (the shipped nginx.conf's port 9145).
 
-local GAUGE_KINDS = {
-  a = "autoconfig_engine_peer_in_flight",
-  l = "autoconfig_engine_peer_concurrency_limit",
-  r = "autoconfig_engine_peer_decode_tokens_per_second",
-  m = "autoconfig_engine_peer_ttft_seconds",
-}
-
--- gauges: the per-peer gauges of every route dict (every worker's
--- state, whichever worker answers the scrape).
-local function gauges()
-  local out = {}
-  for name in pairs(ngx.shared) do
-    if name ~= METRICS_DICT then
-      local dict = state.dict(name)
-      hold.gauges(out, name, dict)
-      local keys = dict and dict:get_keys(0) or {}
-      for _, k in ipairs(keys) do
-        local kind, host, port = string.match(k, "^([alrm])|[^|]*|(.*)|(%d+)$")
-        if kind then
-          local val = dict:get(k)
-          if type(val) == "number" then
-            if kind == "m" then val = val / 1000 end
-            if kind == "l" then val = math.floor(val) end
-            out[#out + 1] = { name = GAUGE_KINDS[kind], value = val,
-              labels = metrics.labels("route", name, "peer", host .. ":" .. port) }
-          end
-        end
-      end
-    end
-  end
-  return out
-end
-
+-- The gauges read the route dicts' peer state (router_gauges).
 function M.metrics()
-  return metrics.handler(metrics_dict(), gauges)
+  return metrics.handler(metrics_dict(), gauges.collect)
 end
 
 -- control is the content handler of the control server (router_control).

@@ -34,6 +34,7 @@ function M.config(o, c)
     floor = clamp(math.floor(num(o.affinity_min_load, 6)), 0, 100000),
     body_max = clamp(math.floor(num(o.affinity_body_max_bytes, 1048576)), 0, 64 * 1048576),
     prompt_bytes = clamp(math.floor(num(o.affinity_prompt_bytes, 512)), 16, 65536),
+    max_separators = clamp(math.floor(num(o.affinity_body_max_separators, body.DEFAULT_MAX_SEPARATORS)), 0, 1000000),
     header_var = hv, cookie_var = "cookie_" .. cookie,
   }
 end

@@ -189,3 +189,60 @@ describe("router_body.key: bad bodies", function()
     assert.is_nil(body.key({}, "/v1/chat/completions"))
   end)
 end)
+
+describe("router_body.key: bounded cost", function()
+  local uri = "/v1/chat/completions"
+
+  -- A chat body with an extra top-level object of n small members.
+  local function wide(n)
+    local parts = {}
+    for i = 1, n do parts[i] = string.format('"k%06d":1', i) end
+    return '{"messages":[{"role":"system","content":"S"},{"role":"user","content":"U"}],"metadata":{'
+      .. table.concat(parts, ",") .. "}}"
+  end
+
+  local function ms_per_key(text, opts)
+    local n = 10
+    body.key(text, uri, opts)
+    collectgarbage()
+    local t0 = os.clock()
+    for _ = 1, n do body.key(text, uri, opts) end
+    return (os.clock() - t0) * 1000 / n
+  end
+
+  it("gives no key for a body with more separators than the bound, before decoding it", function()
+    local text = wide(60000) -- 60,000 keys: 120,002 separators
+    assert.is_nil(body.key(text, uri))
+    assert.is_nil(body.key(wide(20000), uri)) -- 40,002 > 20,000
+    -- Under the bound the same shape keys as ever.
+    assert.are.equal("chat\0S\0U", body.key(wide(9000), uri))
+    assert.are.equal("chat\0S\0U", body.key(text, uri, { max_separators = 200000 }))
+    -- The bound is exact: separators, not bytes.
+    local at = wide(9998)
+    local _, commas = string.gsub(at, ",", "")
+    local _, colons = string.gsub(at, ":", "")
+    assert.are.equal("chat\0S\0U", body.key(at, uri, { max_separators = commas + colons }))
+    assert.is_nil(body.key(at, uri, { max_separators = commas + colons - 1 }))
+  end)
+
+  it("counts no separator inside strings (escaped quotes included)", function()
+    local prose = string.rep('a, b: "c", ', 50000) -- 150,000 ',' and ':' in a string
+    local text = cjson.encode({ messages = { { role = "user", content = prose } } })
+    assert.are.equal("chat\0\0" .. string.sub(prose, 1, 512), body.key(text, uri))
+    assert.is_false(body._over(text, 10))
+    assert.is_true(body._over('{"a":1,"b":2}', 2))
+    assert.is_false(body._over('{"a\\":1,":2}', 1)) -- one ':' outside the string
+  end)
+
+  it("prints the key's CPU time for a 650 KB body of 60,000 keys and a string body of that size", function()
+    local text = wide(60000)
+    local str = cjson.encode({ messages = { { role = "user", content = string.rep("a", #text) } } })
+    local parts = {}
+    for i = 1, 60000 do parts[i] = string.format('{"k%06d":1}', i) end
+    local part = '{"messages":[{"role":"user","content":[' .. table.concat(parts, ",") .. "]}]}"
+    print(string.format("body key: %d-byte string body %.3f ms; %d-byte body of 60,000 keys %.3f ms (decoded: %.3f ms); "
+      .. "%d-byte content of 60,000 parts %.3f ms (decoded: %.3f ms)",
+      #str, ms_per_key(str), #text, ms_per_key(text), ms_per_key(text, { max_separators = 1e9 }),
+      #part, ms_per_key(part), ms_per_key(part, { max_separators = 1e9 })))
+  end)
+end)
