@@ -61,18 +61,18 @@ func (s scaleStep) run(ctx context.Context, st *state) (bool, error) {
 	spec := st.spec.Spec.ScaleToZero
 	ns := scaler.Namespace(&st.spec.Spec, st.route.Namespace)
 	what := fmt.Sprintf("%s %s/%s", spec.Target.Kind, ns, spec.Target.Name)
-	if why := scaleBlocked(st); why != "" {
+	// refuse: the target is left as it is, and the condition says why.
+	refuse := func(reason, format string, args ...any) (bool, error) {
 		r.scaler.Asleep(key)
-		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonScaleBlocked, fmt.Sprintf(
-			"%s (spec.scaleToZero.target) is neither woken nor scaled to 0: %s. The controller scales a route's workload only while it serves the route; fix the route's Ready problem first", what, why))
+		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, reason, what+" (spec.scaleToZero.target) "+fmt.Sprintf(format, args...))
 		return false, nil
+	}
+	if why := scaleBlocked(st); why != "" {
+		return refuse(ReasonScaleBlocked, "is neither woken nor scaled to 0: %s. The controller scales a route's workload only while it serves the route; fix the route's Ready problem first", why)
 	}
 	podLabels, err := r.scaler.PodLabels(ctx, ns, spec.Target)
 	if apierrors.IsNotFound(err) {
-		r.scaler.Asleep(key)
-		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotFound, fmt.Sprintf(
-			"%s (spec.scaleToZero.target) does not exist: create it or correct the target; requests at zero are held until holdTimeout and then refused", what))
-		return false, nil
+		return refuse(ReasonTargetNotFound, "does not exist: create it or correct the target; requests at zero are held until holdTimeout and then refused")
 	}
 	if err != nil {
 		return false, fmt.Errorf("read %s: %w", what, err)
@@ -80,17 +80,11 @@ func (s scaleStep) run(ctx context.Context, st *state) (bool, error) {
 	if why, err := r.targetBacks(ctx, st, podLabels); err != nil {
 		return false, err
 	} else if why != "" {
-		r.scaler.Asleep(key)
-		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotSelected, fmt.Sprintf(
-			"%s (spec.scaleToZero.target) is not the workload behind the route: %s; nothing is scaled. Set spec.scaleToZero.target to the Deployment or StatefulSet whose pods spec.discovery selects", what, why))
-		return false, nil
+		return refuse(ReasonTargetNotSelected, "is not the workload behind the route: %s; nothing is scaled. Set spec.scaleToZero.target to the Deployment or StatefulSet whose pods spec.discovery selects", why)
 	}
 	replicas, err := r.scaler.Replicas(ctx, ns, spec.Target)
 	if apierrors.IsNotFound(err) {
-		r.scaler.Asleep(key)
-		setCondition(st.route, TypeScaleToZero, metav1.ConditionFalse, ReasonTargetNotFound, fmt.Sprintf(
-			"%s (spec.scaleToZero.target) has no scale subresource: correct the target; requests at zero are held until holdTimeout and then refused", what))
-		return false, nil
+		return refuse(ReasonTargetNotFound, "has no scale subresource: correct the target; requests at zero are held until holdTimeout and then refused")
 	}
 	if err != nil {
 		return false, fmt.Errorf("read the scale of %s: %w", what, err)
