@@ -108,8 +108,15 @@ type Options struct {
 	// The engine's control socket is ControlSockPath and its seed files
 	// (peers_<route>.json) are read from RoutesDir.
 	// LuaPackagePath and MainConfig are ignored; HTTPConfig is inserted at
-	// the top of http{}.
+	// the top of http{}. worker_rlimit_nofile is lowered to the test
+	// process's hard limit of open files when that is smaller (only a
+	// process with CAP_SYS_RESOURCE could raise it).
 	Reference bool
+	// Replace (Options.Reference only) rewrites the reference
+	// configuration after the rewrites above: each pair's first string
+	// must occur exactly once and is replaced by the second (e.g. a test
+	// of a smaller worker_connections).
+	Replace [][2]string
 }
 
 // Nginx is one running (or stopped) nginx master with its private prefix.
@@ -312,9 +319,16 @@ func (n *Nginx) referenceConfig() ([]byte, error) {
 		{"http://unix:" + openresty + "sock/", "http://unix:" + n.sockDir + "/"},
 		{"listen unix:" + openresty + "sock/" + ControlSocket + ";", "listen unix:" + n.ControlSockPath() + ";"},
 		{`peers_dir = "` + openresty + `conf/conf.d/routes"`, `peers_dir = "` + n.routesDir + `"`},
+		{"worker_rlimit_nofile 32768;", fmt.Sprintf("worker_rlimit_nofile %d;", rlimitNofile(32768))},
 	} {
 		if c := strings.Count(conf, r[0]); c != 1 {
 			return nil, fmt.Errorf("%s: %q occurs %d times, want once", path, r[0], c)
+		}
+		conf = strings.Replace(conf, r[0], r[1], 1)
+	}
+	for _, r := range n.opts.Replace {
+		if c := strings.Count(conf, r[0]); c != 1 {
+			return nil, fmt.Errorf("%s: Options.Replace: %q occurs %d times, want once", path, r[0], c)
 		}
 		conf = strings.Replace(conf, r[0], r[1], 1)
 	}
@@ -324,6 +338,16 @@ func (n *Nginx) referenceConfig() ([]byte, error) {
 		}
 	}
 	return []byte(head.String() + conf), nil
+}
+
+// rlimitNofile is want, or the process's hard limit of open files when
+// that is smaller (nginx's workers inherit it).
+func rlimitNofile(want uint64) uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Max < want {
+		return rl.Max
+	}
+	return want
 }
 
 func (n *Nginx) writeConfig() error {

@@ -92,10 +92,12 @@ end
 
 -- configure is called from the shipped nginx.conf's init_by_lua_block:
 -- peers_dir is the directory of the peers_<route>.json seed files (the
--- routes ConfigMap's mount).
+-- routes ConfigMap's mount); worker_connections and hold_engine_max bound
+-- the engine's held requests (router_hold.configure).
 function M.configure(opts)
   opts = opts or {}
   config.peers_dir = type(opts.peers_dir) == "string" and opts.peers_dir or nil
+  hold.configure(opts)
 end
 
 -- start_probe starts the route's probe timer once per worker, when a tier
@@ -511,16 +513,12 @@ function M.access(route)
   if r.hold.timeout > 0 then
     hold.arrive(r, ngx.ctx)
     if not hold.has_peer(r) then
-      local result, waited = hold.wait(r, function()
+      local result, waited, reason = hold.wait(r, function()
         if r.dynamic then refresh(r) else hold.sync_static(r) end
       end)
       count_hold(r, result, waited)
-      if result == "timeout" then
-        return refuse(r, 503, "hold_timeout", "route ", route, ": no peer arrived within hold_timeout (",
-          r.hold.timeout, " s) while the model is woken; retry")
-      elseif result == "refused" then
-        return refuse(r, 503, "hold_full", "route ", route, ": ", r.hold.max,
-          " requests are held already (hold_max); retry")
+      if reason then
+        return refuse(r, 503, reason, hold.why(r, reason))
       end
       start_probe(r)
     end

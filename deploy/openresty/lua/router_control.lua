@@ -292,7 +292,7 @@ function M.handle()
         out[name] = d
       end
     end
-    return control_answer(200, { routes = out })
+    return control_answer(200, { routes = out, engine = hold.engine_report() })
   end
   local sroute = string.match(uri, "^/canary/([^/]+)$")
   if sroute then

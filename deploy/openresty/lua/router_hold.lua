@@ -7,7 +7,10 @@
 -- after a reload, the tiers the new route file registered — and goes on
 -- to the first one; after hold_timeout it is answered 503 with
 -- Retry-After. At most hold_max requests wait per route in one engine (all
--- workers: a counter in the route's dict); the excess is refused at once.
+-- workers: a counter in the route's dict), and at most engine_max in the
+-- whole engine, all routes together (a counter in the shared dict
+-- autoconfig@hold, see "The engine's bound" below); the excess is refused
+-- at once.
 --
 -- The route's dict also keeps what the controller needs to wake and idle
 -- the model (GET /demand on the control endpoint): the requests waiting,
@@ -41,11 +44,36 @@
 -- shipped nginx.conf does not set lua_check_client_abort): the request
 -- ends at the first peer or at hold_timeout, and the counter is given
 -- back then, on every way out.
+--
+-- The engine's bound. A held request ties up connections of the engine's
+-- workers, and when its peer arrives it opens one more at once: the
+-- client's to the dispatch server, the dispatch's to the route's socket,
+-- the route server's side of it, and the route server's to the peer —
+-- CONNS (4) in all. The engine has W × C connections (W worker
+-- processes, ngx.worker.count(); C = worker_connections, the init option
+-- of the shipped nginx.conf, capped by the worker's open-file limit,
+-- each connection being a descriptor). Held requests may take half of
+-- them; the other half is kept for what is not held: other routes'
+-- requests, a burst's requests on their way to being held or refused (3
+-- connections each meanwhile), and the uneven spread of connections
+-- over the workers (measured about 60/40 with 2 workers):
+--
+--   engine_max = floor(W × C / (2 × CONNS)) = floor(W × C / 8)
+--
+-- (the shipped nginx.conf, C = 16384: 4,096 held requests with 2
+-- workers). The init option hold_engine_max sets engine_max instead.
+-- Without the dict autoconfig@hold (an older nginx.conf) each worker
+-- counts its own held requests against floor(C / 8).
 local cjson = require("cjson.safe")
 local state = require("router_state")
 local metrics = require("router_metrics")
 
 local M = {}
+
+M.ENGINE_DICT = "autoconfig@hold"
+M.K_ENGINE_WAITING = "hold|engine_waiting" -- requests held now, all routes
+M.CONNS = 4
+M.DEFAULT_WORKER_CONNECTIONS = 512 -- nginx's own default
 
 M.K_ON = "hold|on"           -- the route holds (set at registration)
 M.K_WAITING = "hold|waiting" -- requests held now
@@ -69,6 +97,82 @@ function M.config(o)
   local timeout = state.clamp(math.floor(state.num(o.hold_timeout, 0)), 0, M.MAX_TIMEOUT)
   local max = state.clamp(math.floor(state.num(o.hold_max, M.DEFAULT_MAX)), 1, 100000)
   return { timeout = timeout, max = max }
+end
+
+-- The engine's options (configure, from init_by_lua: the master, so every
+-- worker forks with them) and, per worker, the engine's counter and bound.
+local engine_opts = {}
+local engine
+
+local function positive(v)
+  local n = state.num(v, nil)
+  if n == nil or n < 1 then
+    return nil
+  end
+  return math.floor(n)
+end
+
+-- configure takes the engine options worker_connections (the events{}
+-- value of nginx.conf) and hold_engine_max (overrides the derived bound).
+function M.configure(opts)
+  engine_opts = {
+    worker_connections = positive(opts.worker_connections),
+    max = positive(opts.hold_engine_max),
+  }
+  engine = nil
+end
+
+local ffi_ok, ffi = pcall(require, "ffi")
+if ffi_ok then
+  ffi_ok = pcall(ffi.cdef, "struct autoconfig_rlimit { unsigned long cur, max; };"
+    .. "int getrlimit(int resource, struct autoconfig_rlimit *rlim);"
+    .. "int access(const char *path, int mode);")
+end
+
+-- nofile: the worker's open-file limit (RLIMIT_NOFILE, 7 on Linux), nil
+-- when it cannot be read.
+local function nofile()
+  if not ffi_ok then
+    return nil
+  end
+  local rl = ffi.new("struct autoconfig_rlimit")
+  if ffi.C.getrlimit(7, rl) ~= 0 then
+    return nil
+  end
+  return tonumber(rl.cur)
+end
+
+-- engine_bound: engine_max for W workers of C connections each.
+function M.engine_bound(workers, conns)
+  return math.max(1, math.floor(workers * conns / (2 * M.CONNS)))
+end
+
+-- engine: this worker's view of the engine's hold: the counter's store
+-- (as a route object for router_state's helpers) and the bound.
+function M.engine()
+  if engine then
+    return engine
+  end
+  local store, shared = state.store_for(M.ENGINE_DICT)
+  local workers = shared and ngx.worker.count() or 1
+  local conns = engine_opts.worker_connections or M.DEFAULT_WORKER_CONNECTIONS
+  conns = math.min(conns, nofile() or conns)
+  engine = {
+    r = { name = M.ENGINE_DICT, store = store },
+    workers = workers, connections = conns,
+    max = engine_opts.max or M.engine_bound(workers, conns),
+  }
+  return engine
+end
+
+-- engine_report: the engine's hold for GET /demand: requests held now (all
+-- routes), the bound, and what it was derived from.
+function M.engine_report()
+  local e = M.engine()
+  return {
+    waiting = math.max(e.r.store:get(M.K_ENGINE_WAITING) or 0, 0),
+    max = e.max, workers = e.workers, worker_connections = e.connections,
+  }
 end
 
 -- peers: the peers of tiers.
@@ -172,15 +276,26 @@ end
 
 -- wait holds the request until sync (called each step) gives route r a
 -- peer or the hold times out. It returns "served" (a peer is there),
--- "timeout" or "refused" (hold_max requests wait already), and the
--- seconds waited.
+-- "timeout" or "refused" (hold_max requests of the route, or engine_max
+-- of the engine, wait already), the seconds waited, and the refusal's
+-- reason (nil when served): "hold_timeout", "hold_full" or
+-- "hold_engine_full".
 function M.wait(r, sync)
   local n = state.incr(r, K_WAITING, 1)
   if n == nil or n > r.hold.max then
     if n ~= nil then
       state.decr(r, K_WAITING)
     end
-    return "refused", 0
+    return "refused", 0, "hold_full"
+  end
+  local e = M.engine()
+  local en = state.incr(e.r, M.K_ENGINE_WAITING, 1)
+  if en == nil or en > e.max then
+    if en ~= nil then
+      state.decr(e.r, M.K_ENGINE_WAITING)
+    end
+    state.decr(r, K_WAITING)
+    return "refused", 0, "hold_engine_full"
   end
   state.incr(r, K_TOTAL, 1)
   ngx.update_time()
@@ -210,11 +325,60 @@ function M.wait(r, sync)
     end
   end)
   state.decr(r, K_WAITING)
+  state.decr(e.r, M.K_ENGINE_WAITING)
   ngx.update_time()
   if not ok then
     error(res)
   end
-  return res, ngx.now() - start
+  return res, ngx.now() - start, res == "timeout" and "hold_timeout" or nil
+end
+
+-- why: the text of a refusal of route r for reason (wait's third result).
+function M.why(r, reason)
+  if reason == "hold_timeout" then
+    return "route " .. r.name .. ": no peer arrived within hold_timeout (" .. r.hold.timeout
+      .. " s) while the model is woken; retry"
+  elseif reason == "hold_full" then
+    return "route " .. r.name .. ": " .. r.hold.max .. " requests are held already (hold_max); retry"
+  end
+  return "route " .. r.name .. ": the engine holds " .. M.engine().max
+    .. " requests already, all routes together (its connections' bound); retry"
+end
+
+-- exists: whether path names a file of any kind (a socket too).
+local function exists(path)
+  if ffi_ok then
+    return ffi.C.access(path, 0) == 0
+  end
+  local f, err = io.open(path)
+  if f then
+    f:close()
+    return true
+  end
+  return not tostring(err):find("No such file", 1, true)
+end
+
+-- dispatch_failed answers the dispatch server's own 502 (the shipped
+-- nginx.conf's error_page): the dispatch could not connect to the
+-- route's socket, or its server went away mid-request. While the socket
+-- exists (a burst filled its listen queue: connect() failed with EAGAIN)
+-- it is 503 with Retry-After, counted as the route's admission refusal
+-- "dispatch_busy"; an unknown route (no socket) stays 502.
+function M.dispatch_failed()
+  local path = (ngx.var.upstream_addr or ""):match("unix:([^,%s]+)$")
+  if not (path and exists(path)) then
+    return ngx.exit(502)
+  end
+  local d = state.dict("autoconfig@metrics")
+  if d then
+    metrics.inc(d, "autoconfig_engine_admission_refusals_total",
+      metrics.labels("route", ngx.var.route, "reason", "dispatch_busy"), 1)
+  end
+  ngx.status = 503
+  ngx.header["Retry-After"] = "1"
+  ngx.header["Content-Type"] = "text/plain"
+  ngx.say("route ", ngx.var.route or "", ": the engine took no connection (busy); retry")
+  return ngx.exit(503)
 end
 
 -- demand: the demand report of the route dict named name (GET /demand),

@@ -125,6 +125,67 @@ describe("router_hold.wait", function()
     local r = route({ hold_timeout = "3" }, true)
     assert.has_error(function() hold.wait(r, function() error("boom") end) end)
     assert.are.equal(0, r.store:get(hold.K_WAITING))
+    assert.are.equal(0, hold.engine().r.store:get(hold.K_ENGINE_WAITING))
+  end)
+end)
+
+describe("router_hold engine bound", function()
+  before_each(function() clock, exiting = 1000, false end)
+  after_each(function() hold.configure({}) end)
+
+  it("is the workers' connections / 8 (4 per held request, half kept)", function()
+    assert.are.equal(4096, hold.engine_bound(2, 16384))
+    assert.are.equal(1024, hold.engine_bound(2, 4096))
+    assert.are.equal(768, hold.engine_bound(3, 2048))
+    assert.are.equal(1, hold.engine_bound(1, 1))
+  end)
+
+  it("derives from worker_connections (nginx's 512 without it), one worker without the dict", function()
+    hold.configure({})
+    assert.are.equal(64, hold.engine().max) -- 512 / 8
+    hold.configure({ worker_connections = "800" })
+    local e = hold.engine()
+    assert.are.same({ 1, 800, 100 }, { e.workers, e.connections, e.max })
+    hold.configure({ worker_connections = 800, hold_engine_max = "7" })
+    assert.are.equal(7, hold.engine().max)
+    hold.configure({ worker_connections = "lots", hold_engine_max = -1 })
+    assert.are.equal(64, hold.engine().max)
+  end)
+
+  it("refuses past the engine's bound at once, all routes together, and gives both counts back", function()
+    hold.configure({ hold_engine_max = 2 })
+    local a = route({ hold_timeout = "3", hold_max = "10" }, true)
+    local b = route({ hold_timeout = "3", hold_max = "10" }, true)
+    local estore = hold.engine().r.store
+    estore:set(hold.K_ENGINE_WAITING, 2) -- two held elsewhere
+    local result, waited, reason = hold.wait(b, function() error("no look") end)
+    assert.are.same({ "refused", 0, "hold_engine_full" }, { result, waited, reason })
+    assert.are.equal(0, b.store:get(hold.K_WAITING))
+    assert.are.equal(2, estore:get(hold.K_ENGINE_WAITING))
+    assert.matches("the engine holds 2 requests already", hold.why(b, reason))
+    estore:set(hold.K_ENGINE_WAITING, 1)
+    local looks = 0
+    result, waited, reason = hold.wait(a, function()
+      looks = looks + 1
+      assert.are.equal(2, estore:get(hold.K_ENGINE_WAITING))
+      if looks == 3 then a.npeers = 1 end
+    end)
+    assert.are.same({ "served", nil }, { result, reason })
+    assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING))
+    result, waited, reason = hold.wait(route({ hold_timeout = "1" }, true), function() end)
+    assert.are.same({ "timeout", "hold_timeout" }, { result, reason })
+    assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING))
+    local r = route({ hold_timeout = "3", hold_max = "2" }, true)
+    r.store.data[hold.K_WAITING] = 2
+    result, waited, reason = hold.wait(r, function() end)
+    assert.are.same({ "refused", "hold_full" }, { result, reason })
+    assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING)) -- the route's bound first
+  end)
+
+  it("reports the engine's hold", function()
+    hold.configure({ worker_connections = 800 })
+    hold.engine().r.store:set(hold.K_ENGINE_WAITING, 3)
+    assert.are.same({ waiting = 3, max = 100, workers = 1, worker_connections = 800 }, hold.engine_report())
   end)
 end)
 
