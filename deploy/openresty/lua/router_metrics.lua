@@ -44,7 +44,7 @@ M.families = {
   { name = "autoconfig_engine_requests_total", type = "counter",
     help = "Requests answered, by route, version (canary routes only), peer (host:port; empty when the engine answered itself) and status class (2xx, 3xx, 4xx, 5xx)." },
   { name = "autoconfig_engine_admission_refusals_total", type = "counter",
-    help = "Requests refused by admission (503), by route, version and reason (max_concurrency, adaptive_limit, no_peers)." },
+    help = "Requests refused by admission (503), by route, version and reason (max_concurrency, adaptive_limit, no_peers, hold_timeout, hold_full, hold_engine_full, dispatch_busy)." },
   { name = "autoconfig_engine_affinity_placements_total", type = "counter",
     help = "Peer placements, by route, version and result (home: the key's own ring peer; spill: moved to another peer by load or health; keyless: no key, least load)." },
   { name = "autoconfig_engine_prompt_tokens_total", type = "counter",
