@@ -568,7 +568,6 @@ function M.access(route)
     -- The planned peer's slot is taken now, not in the balancer: the
     -- next request's pick (in any worker) already counts it, so a burst
     -- cannot overshoot a limit or the bounded load between the two phases.
-    local store = r.store
     state.incr(r, pkey("a", t, p), 1)
     state.incr(r, tkey(t), 1)
     ctx.autoconfig_plan = { t = t, p = p, version = r.version, held = true }
@@ -928,7 +927,7 @@ end
 -- names the version that served (after a fallthrough, the other one), and
 -- a keyless request's response sets the sticky cookie (beside any cookie
 -- the backend sets).
-function M.header(route)
+function M.header(route) -- luacheck: ignore 212 (the contract's signature: the route file passes its route)
   local ctx = ngx.ctx
   local v = ctx.autoconfig_version
   if not v then

@@ -72,7 +72,8 @@ function M.cookie_for(c, v)
   else
     bucket = math.random(c.band, BUCKETS - 1)
   end
-  return c.sticky_cookie .. "=" .. bucket .. "." .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
+  return c.sticky_cookie .. "=" .. bucket .. "."
+    .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
 end
 
 -- choose: the version a request asks for, and true when it had no key
