@@ -5,6 +5,8 @@
 -- in a module of its own, all in this directory (flat, so a ConfigMap
 -- can carry them):
 --
+--   router_registry  the routes of this worker: registration, options,
+--                    a dynamic route's refresh, the probe timer
 --   router_state     the route's store (its shared dict) and peer keys
 --   router_table     the peers table: check, build, seed, per-request sync
 --   router_canary    the split between a canary route's two versions
@@ -17,6 +19,8 @@
 --   router_sse       tokens and usage of a streamed or JSON answer
 --   router_metrics   Prometheus counters and histograms (GET /metrics on
 --                    the shipped nginx.conf's port 9145)
+--   router_count     what the phases count in the metrics dict
+--   router_status    the route's own endpoints: /_status, /_tps_status
 --   router_probe     active health probes
 --   router_control   the control endpoint (peers pushes, demand)
 --   router_hold      scale to zero: holding requests, the open count
@@ -40,237 +44,44 @@
 -- No request header names a peer: peers come only from register_route or
 -- the peers table. Header, cookie and body values are hashed (affinity,
 -- canary bucket) or compared, never evaluated.
-local cjson = require("cjson.safe")
 local state = require("router_state")
-local tbl = require("router_table")
 local canary = require("router_canary")
 local pick_mod = require("router_pick")
 local affinity = require("router_affinity")
 local slo = require("router_slo")
 local sse = require("router_sse")
 local metrics = require("router_metrics")
-local probe_mod = require("router_probe")
 local control_mod = require("router_control")
 local hold = require("router_hold")
 local cut = require("router_cut")
 local gauges = require("router_gauges")
+local registry = require("router_registry")
+local status_mod = require("router_status")
+local count = require("router_count")
 
-local num, clamp, hex, hexify = state.num, state.clamp, state.hex, state.hexify
 local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
-local active, ejected, unhealthy, out_of_pick = state.active, state.ejected, state.unhealthy, state.out_of_pick
+local active, ejected, out_of_pick = state.active, state.ejected, state.out_of_pick
 local bracketed = state.bracketed
-local sync, config = tbl.sync, tbl.config
-local K_SERIAL = tbl.K_SERIAL
 local K_SERVED, K_FELL, OTHER = canary.K_SERVED, canary.K_FELL, canary.OTHER
 local pick, limit_of = pick_mod.pick, slo.limit_of
 
 local M = {}
-local routes = probe_mod.routes
-local reachable, count_hold
+local routes = registry.routes
+local reachable
+local metrics_dict, lv, count_request, count_hold = count.dict, count.lv, count.request, count.hold
+local refresh, start_probe = registry.refresh, registry.start_probe
 
-local METRICS_DICT = "autoconfig@metrics"
-local mdict_checked, mdict = false, nil
+-- A state write the route's dict had no room for (router_state): counted
+-- and logged (router_count).
+state.on_failure = count.state_failure
 
--- metrics_dict: the shared dict of the engine's metrics, nil when the
--- image's nginx.conf declares none (then nothing is counted).
-local function metrics_dict()
-  if not mdict_checked then
-    mdict_checked = true
-    mdict = state.dict(METRICS_DICT)
-  end
-  return mdict
-end
-
-local function probe_interval(n)
-  if n <= 0 then return 0 end
-  return clamp(n, 1, 3600)
-end
-
-function M.registered(route)
-  return routes[route] ~= nil
-end
-
--- configure is called from the shipped nginx.conf's init_by_lua_block:
--- peers_dir is the directory of the peers_<route>.json seed files (the
--- routes ConfigMap's mount).
-function M.configure(opts)
-  opts = opts or {}
-  config.peers_dir = type(opts.peers_dir) == "string" and opts.peers_dir or nil
-end
-
--- start_probe starts the route's probe timer once per worker, when a tier
--- has a probe path and probing is on.
-local function start_probe(r)
-  if r.probing or r.probe_every <= 0 or not r.has_probe then
-    return
-  end
-  r.probing = true
-  local ok, err = ngx.timer.every(r.probe_every, probe_mod.run, r.name)
-  if not ok then
-    ngx.log(ngx.ERR, "route ", r.name, ": health probe timer: ", err)
-  end
-end
-
-local function new_route(route, options, tiers)
-  local prev = routes[route]
-  local o = options or {}
-  local store, shared = state.store_for(route)
-  local r = {
-    name = route, options = o, tiers = tiers or {},
-    registrations = (prev and prev.registrations or 0) + 1,
-    store = store, shared = shared,
-    fail_close = o.failure_mode == "FailClose",
-    retry = o.retry_on == "connect-failure",
-    -- Numeric options are clamped to what keeps the shared nginx sound:
-    -- a route's values are free-form text, and one route must not be able
-    -- to exhaust the workers (a 1 ms probe timer across many routes ran
-    -- out of worker_connections) or break its own requests (a negative
-    -- ttl is an error in the dict).
-    max_tries = clamp(math.floor(num(o.max_tries, 1)), 1, 16),
-    -- FailClose routes do not route around failed peers: no ejection
-    -- unless the option asks for it.
-    eject_after = math.max(0, math.floor(num(o.eject_consecutive_connect_failures,
-      o.failure_mode == "FailClose" and 0 or 3))),
-    max_eject_pct = clamp(num(o.max_ejection_percent, 50), 0, 100),
-    eject_secs = clamp(num(o.ejection_seconds, 10), 1, 86400),
-    -- 0 or less turns probing off; otherwise at least every second.
-    probe_every = probe_interval(num(o.health_probe_interval_seconds, 5)),
-    admission = o.admission ~= "off",
-    video = o.kind == "video",
-    probing = prev and prev.probing or false,
-    rr = 0,
-    labels = {},
-  }
-  r.slo = slo.config(o)
-  r.hold = hold.config(o)
-  if r.video then
-    r.slo.adaptive = false
-  end
-  routes[route] = r
-  return r, prev
-end
-
--- set_affinity: the route's affinity settings (its canary's split names
--- the session header and cookie).
-local function set_affinity(r)
-  r.aff = affinity.config(r.options, r.canary)
-  if r.video then
-    r.aff.on = false
-  end
-end
-
--- register_route: canary (optional) is the route's second version,
--- { weight, sticky_header, override_header, sticky_cookie, tiers }.
-function M.register_route(route, options, tiers, c)
-  local r, prev = new_route(route, options, tiers)
-  for _, t in ipairs(r.tiers) do
-    r.has_probe = r.has_probe or type(t.probe_path) == "string"
-  end
-  if type(c) == "table" then
-    r.canary = canary.make(c, type(c.tiers) == "table" and c.tiers or {})
-    for _, t in ipairs(r.canary.tiers) do
-      r.has_probe = r.has_probe or type(t.probe_path) == "string"
-    end
-  end
-  set_affinity(r)
-  gauges.remember(r)
-  if r.hold.timeout > 0 then
-    hold.registered(r)
-  end
-  if not prev then
-    start_probe(r)
-  end
-end
-
--- register_dynamic_route: a route whose tiers come from its peers table
--- (the route's dict, or the seed file); the same options as register_route.
-function M.register_dynamic_route(route, options)
-  local r = new_route(route, options, {})
-  r.dynamic = true
-  r.members, r.npeers = {}, 0
-  set_affinity(r)
-  if r.hold.timeout > 0 then
-    hold.registered(r)
-  end
-  if not r.shared then
-    ngx.log(ngx.ERR, "route ", route, ": no lua_shared_dict named ", route,
-      ": the control endpoint cannot reach this route (seed file only, per worker)")
-  end
-end
-
--- refresh: a dynamic route's current table (and the affinity settings of
--- its canary, which the table carries).
-local function refresh(r)
-  local v = r.version
-  sync(r)
-  if r.version ~= v then
-    set_affinity(r)
-  end
-end
-
--- ---------------------------------------------------------------------
--- Metrics labels, made once per route, version and peer.
-
-local function lv(r, v)
-  local c = r.labels[v or ""]
-  if c == nil then
-    c = { rv = metrics.labels("route", r.name, "version", v), peers = {} }
-    r.labels[v or ""] = c
-  end
-  return c
-end
-
-local CLASSES = { "1xx", "2xx", "3xx", "4xx", "5xx" }
-
-local function lpeer(r, v, peer, status)
-  local c = lv(r, v)
-  local cls = CLASSES[math.floor(status / 100)] or "5xx"
-  local pc = c.peers[peer]
-  if pc == nil then
-    pc = {}
-    c.peers[peer] = pc
-  end
-  local s = pc[cls]
-  if s == nil then
-    s = metrics.labels("route", r.name, "version", v, "peer", peer, "class", cls)
-    pc[cls] = s
-  end
-  return s
-end
-
-local function count_request(r, v, peer, status)
-  local d = metrics_dict()
-  if d then
-    metrics.inc(d, "autoconfig_engine_requests_total", lpeer(r, v, peer or "", status), 1)
-  end
-end
-
--- A state write the route's dict had no room for (router_state): counted,
--- and logged once per route and worker.
-local full_logged = {}
-state.on_failure = function(r, key, err)
-  local d = metrics_dict()
-  if d then
-    metrics.inc(d, "autoconfig_engine_state_write_failures_total", lv(r, nil).rv, 1)
-  end
-  if not full_logged[r.name] then
-    full_logged[r.name] = true
-    ngx.log(ngx.WARN, "route ", r.name, ": its lua_shared_dict has no room for peer state (", tostring(key), ": ",
-      tostring(err), "); requests are served, the state is not kept (raise shared_dict_size)")
-  end
-  -- Make room once in a while (not in the request: a timer), deleting
-  -- the state that only informs or is learnt again.
-  local now = ngx.now()
-  if err == "no memory" and r.shared and (r.room_at or 0) <= now then
-    r.room_at = now + 5
-    ngx.timer.at(0, function(premature, dict, name)
-      if not premature then
-        local n = state.make_room(dict)
-        ngx.log(ngx.INFO, "route ", name, ": dict full, deleted ", n, " keys of disposable state")
-      end
-    end, r.store, r.name)
-  end
-end
+-- Registration (router_registry): the route file calls registered and
+-- register_route or register_dynamic_route in its access phase, the
+-- shipped nginx.conf calls configure in init_by_lua_block.
+M.registered = registry.registered
+M.configure = registry.configure
+M.register_route = registry.register_route
+M.register_dynamic_route = registry.register_dynamic_route
 
 -- ---------------------------------------------------------------------
 -- Failures and slots.
@@ -332,86 +143,6 @@ local function release(r, x)
   end
 end
 
--- ---------------------------------------------------------------------
--- The route's own endpoints.
-
-local function answer_json(v)
-  ngx.header["Content-Type"] = "application/json"
-  ngx.say(cjson.encode(v))
-  return ngx.exit(200)
-end
-
-local function tier_state(r, tiers)
-  local st = {}
-  for ti, t in ipairs(tiers) do
-    local peers = {}
-    for pi, p in ipairs(t.peers) do
-      peers[pi] = {
-        host = p.host, port = p.port,
-        active = active(r, t, p),
-        fails = r.store:get(pkey("f", t, p)) or 0,
-        ejected = ejected(r, t, p),
-        ejections = r.store:get(pkey("n", t, p)) or 0,
-        tries = r.store:get(pkey("t", t, p)) or 0,
-        healthy = not unhealthy(r, t, p),
-      }
-    end
-    st[ti] = { use = t.use, peers = peers }
-  end
-  return st
-end
-
-local function status(r)
-  local st = tier_state(r, r.tiers)
-  local out = {
-    route = r.name, options = r.options, tiers = r.tiers,
-    registrations = r.registrations, pid = ngx.worker.pid(),
-    shared_dict = r.shared, state = st,
-  }
-  if r.dynamic then
-    out.dynamic, out.version, out.serial = true, r.version, r.store:get(K_SERIAL)
-  end
-  local c = r.canary
-  if c then
-    local counts = canary.split_counts(r.store)
-    out.canary = {
-      weight = c.weight, sticky_header = c.sticky_header, override_header = c.override_header,
-      sticky_cookie = c.sticky_cookie, tiers = c.tiers, state = tier_state(r, c.tiers),
-      requests = counts.requests, fallthrough = counts.fallthrough, draws = counts.draws,
-    }
-  end
-  if ngx.var.arg_strings == "hex" then
-    if out.canary then out.canary = hexify(out.canary) end
-    out.route, out.options, out.tiers, out.state = hex(r.name), hexify(r.options), hexify(r.tiers), hexify(st)
-    if out.version then out.version = hex(out.version) end
-  end
-  -- The tiers' rings are the engine's own; they are not part of the
-  -- registration.
-  return out
-end
-
--- tps_status: GET /_tps_status, what the route's SLO admission does now.
-local function tps_status(route, r)
-  local o = r and r.options or {}
-  local s = r and r.slo or slo.config(o)
-  local out = {
-    route = route, options = o,
-    opt_in = s.opt_in,
-    adaptive_cc_on = s.adaptive,
-    tps_limit_tps = s.tps, ttft_limit_ms = s.ttft,
-    adaptive_cc_min = s.min, adaptive_cc_max = s.max,
-    affinity = r and r.aff and r.aff.on or false,
-  }
-  if r then
-    local peers = slo.peers_status(r, r.tiers, r.canary and "stable" or nil, {})
-    if r.canary then
-      slo.peers_status(r, r.canary.tiers, "canary", peers)
-    end
-    out.peers = peers
-  end
-  return answer_json(out)
-end
-
 -- refuse answers the request itself (no peer is tried); a 503 carries
 -- Retry-After: 1 and counts as an admission refusal for reason.
 local function refuse(r, code, reason, ...)
@@ -430,19 +161,6 @@ local function refuse(r, code, reason, ...)
   end
   ngx.say(...)
   return ngx.exit(code)
-end
-
--- count_hold counts a held request's outcome (served, timeout, refused)
--- and how long it waited.
-count_hold = function(r, result, waited)
-  local d = metrics_dict()
-  if not d then
-    return
-  end
-  metrics.inc(d, "autoconfig_engine_held_requests_total", metrics.labels("route", r.name, "result", result), 1)
-  if result ~= "refused" then
-    metrics.observe(d, "autoconfig_engine_hold_seconds", metrics.labels("route", r.name), waited)
-  end
 end
 
 -- tiers_of: the tiers of version v of route r (the route's own tiers
@@ -495,13 +213,10 @@ function M.access(route)
   -- A video route is a plain proxy: its paths are the backend's.
   if not (r and r.video) then
     if uri == "/_tps_status" then
-      return tps_status(route, r)
+      return status_mod.tps(route, r)
     end
     if uri == "/_status" then
-      if not r then
-        return answer_json({ route = route, registered = false })
-      end
-      return answer_json(status(r))
+      return status_mod.route(route, r)
     end
   end
   if not r then
