@@ -14,6 +14,9 @@
 --                    body: router_body)
 --   router_pick      placement: tiers, the affinity ring with bounded
 --                    loads (router_ring, router_hash), least load
+--   router_admission a request's slots (plan, take, release, settle),
+--                    connection failures and ejection, the admission
+--   router_balance   the balancer phase: the tries of a request
 --   router_slo       decode-SLO admission: adaptive per-peer limits
 --                    (router_aimd)
 --   router_sse       tokens and usage of a streamed or JSON answer
@@ -58,17 +61,16 @@ local gauges = require("router_gauges")
 local registry = require("router_registry")
 local status_mod = require("router_status")
 local count = require("router_count")
+local admission = require("router_admission")
+local balance_mod = require("router_balance")
 
-local ident, pkey, tkey, addr = state.ident, state.pkey, state.tkey, state.addr
-local active, ejected, out_of_pick = state.active, state.ejected, state.out_of_pick
-local bracketed = state.bracketed
-local K_SERVED, K_FELL, OTHER = canary.K_SERVED, canary.K_FELL, canary.OTHER
-local pick, limit_of = pick_mod.pick, slo.limit_of
+local addr, active = state.addr, state.active
+local K_SERVED, K_FELL = canary.K_SERVED, canary.K_FELL
 
 local M = {}
 local routes = registry.routes
-local reachable
 local metrics_dict, lv, count_request, count_hold = count.dict, count.lv, count.request, count.hold
+local refuse = admission.refuse
 local refresh, start_probe = registry.refresh, registry.start_probe
 
 -- A state write the route's dict had no room for (router_state): counted
@@ -82,126 +84,6 @@ M.registered = registry.registered
 M.configure = registry.configure
 M.register_route = registry.register_route
 M.register_dynamic_route = registry.register_dynamic_route
-
--- ---------------------------------------------------------------------
--- Failures and slots.
-
--- connect_failed counts one connection failure of a peer and ejects it
--- after eject_after consecutive ones (a video route: that many within
--- ejection_seconds, nginx's max_fails/fail_timeout), unless that would
--- eject more than max_eject_pct of a backend tier's peers (rounded down).
-local function connect_failed(r, t, p)
-  if r.eject_after <= 0 or ejected(r, t, p) then
-    return
-  end
-  local fails
-  if r.video then
-    fails = state.incr(r, pkey("f", t, p), 1, r.eject_secs)
-  else
-    fails = state.incr(r, pkey("f", t, p), 1)
-  end
-  if not fails or fails < r.eject_after then
-    return
-  end
-  if t.use == "backend" then
-    local out = 0
-    for _, q in ipairs(t.peers) do
-      if ejected(r, t, q) then out = out + 1 end
-    end
-    if out + 1 > math.floor(#t.peers * r.max_eject_pct / 100) then
-      return
-    end
-  end
-  -- add, not set: two workers can both count past eject_after at once;
-  -- only the one whose add succeeds ejects (and counts the ejection).
-  if not state.add(r, pkey("e", t, p), true, r.eject_secs) then
-    return
-  end
-  state.incr(r, pkey("n", t, p), 1)
-  state.set(r, pkey("f", t, p), 0)
-  local d = metrics_dict()
-  if d then
-    metrics.inc(d, "autoconfig_engine_ejections_total", metrics.labels("route", r.name, "peer", addr(t, p)), 1)
-  end
-  ngx.log(ngx.WARN, "route ", r.name, ": ejected ", t.use, " peer ", p.host, ":", p.port,
-    " for ", r.eject_secs, "s after ", fails, " connection failures")
-end
-
--- release gives back the active slot of a try (when its balance counted
--- one). The try holds its tier and peer objects, so a table change since
--- then still releases the right peer; the count of a peer no longer in the
--- table is deleted when it reaches 0.
-local function release(r, x)
-  if not x.counted then
-    return
-  end
-  local k = pkey("a", x.t, x.p)
-  local v = state.decr(r, k)
-  state.decr(r, tkey(x.t))
-  if r.dynamic and v ~= nil and v <= 0 and not r.members[x.key] then
-    r.store:delete(k)
-  end
-end
-
--- refuse answers the request itself (no peer is tried); a 503 carries
--- Retry-After: 1 and counts as an admission refusal for reason.
-local function refuse(r, code, reason, ...)
-  ngx.status = code
-  if code == 503 then
-    ngx.header["Retry-After"] = "1"
-  end
-  ngx.header["Content-Type"] = "text/plain"
-  if r and reason then
-    local d = metrics_dict()
-    if d then
-      local v = ngx.ctx.autoconfig_version
-      metrics.inc(d, "autoconfig_engine_admission_refusals_total",
-        metrics.labels("route", r.name, "version", v, "reason", reason), 1)
-    end
-  end
-  ngx.say(...)
-  return ngx.exit(code)
-end
-
--- tiers_of: the tiers of version v of route r (the route's own tiers
--- unless v is "canary").
-local function tiers_of(r, v)
-  if v == "canary" and r.canary then
-    return r.canary.tiers
-  end
-  return r.tiers
-end
-
--- live: whether tiers have a peer in the pick (not ejected, not
--- unhealthy).
-local function live(r, tiers)
-  for _, t in ipairs(tiers) do
-    for _, p in ipairs(t.peers) do
-      if not out_of_pick(r, t, p) then
-        return true
-      end
-    end
-  end
-  return false
-end
-
--- split chooses the request's version (canary.choose) and falls through
--- to the other version when the chosen one has no live peer and the
--- other has; it records the version (and the fallthrough, and the cookie
--- to set) in ngx.ctx and returns the version's tiers.
-local function split(r, ctx)
-  local c = r.canary
-  local v, keyless = canary.choose(r, c)
-  if keyless then
-    ctx.autoconfig_cookie = canary.cookie_for(c, v)
-  end
-  if not live(r, tiers_of(r, v)) and live(r, tiers_of(r, OTHER[v])) then
-    ctx.autoconfig_fell = v
-    v = OTHER[v]
-  end
-  ctx.autoconfig_version = v
-  return tiers_of(r, v)
-end
 
 function M.access(route)
   local r = routes[route]
@@ -251,7 +133,7 @@ function M.access(route)
   local ctx = ngx.ctx
   local tiers = r.tiers
   if r.canary then
-    tiers = split(r, ctx)
+    tiers = canary.split(r, ctx)
   end
   if r.video then
     return
@@ -267,153 +149,18 @@ function M.access(route)
       kh = pick_mod.keyhash(key)
     end
   end
-  -- The first try's pick is the admission: the tier that serves now (the
-  -- first with a peer in the pick) must have a peer under its limit. One
-  -- look at each peer decides both (another worker can eject a peer
-  -- between two looks). When no peer is in the pick the request is
-  -- admitted, and the pick's second pass chooses (a request is never
-  -- failed for ejection alone).
-  local t, p, free, inpick, place = pick(r, {}, tiers, kh, limit_of)
-  if t and inpick and not free and r.admission then
-    local why = r.slo.adaptive and "adaptive_limit" or "max_concurrency"
-    return refuse(r, 503, why, "route ", route, ": every peer of the ", t.use,
-      " tier is at its ", r.slo.adaptive and "adaptive concurrency limit" or "max_concurrency")
-  end
-  if t then
-    -- The planned peer's slot is taken now, not in the balancer: the
-    -- next request's pick (in any worker) already counts it, so a burst
-    -- cannot overshoot a limit or the bounded load between the two phases.
-    state.incr(r, pkey("a", t, p), 1)
-    state.incr(r, tkey(t), 1)
-    ctx.autoconfig_plan = { t = t, p = p, version = r.version, held = true }
-    req.place = place or "keyless"
-  end
+  -- The first try's pick is the admission (router_admission): refused,
+  -- or the planned peer's slot is taken now.
+  return admission.admit(r, ctx, req, tiers, kh)
 end
 
--- unplan gives back the slot access took for a plan the balancer did not
--- use (the table changed in between, or no try was made).
-local function unplan(r, ctx)
-  local plan = ctx.autoconfig_plan
-  if plan and plan.held then
-    plan.held = false
-    release(r, { t = plan.t, p = plan.p, key = ident(plan.t, plan.p), counted = true })
-  end
-end
-
--- reachable: the peers a request may try in tiers (a FailClose route
--- never goes below its cart tier).
-reachable = function(r, tiers)
-  local n = 0
-  for _, t in ipairs(tiers) do
-    n = n + #t.peers
-    if r.fail_close and t.use == "cart" then
-      break
-    end
-  end
-  return n
-end
-
--- balance picks the peer of each try. nginx calls it again for the same
--- request only after a try failed without a response (proxy_next_upstream's
--- default "error timeout") and only while set_more_tries allows it. A try
--- records its tier and peer objects and the peer's identity, so a peers
--- table swapped in since the last try neither releases another peer's
--- slot nor lets this request try a peer twice.
+-- balance picks the peer of each try (router_balance).
 function M.balance(route)
-  local balancer = require("ngx.balancer")
   local r = routes[route]
   if r.dynamic then
     refresh(r)
   end
-  local ctx = ngx.ctx
-  local tries = ctx.autoconfig_tries
-  if not tries then
-    tries = {}
-    ctx.autoconfig_tries = tries
-    -- A canary route has one more try: the fallthrough to the other
-    -- version after a connection failure.
-    local more = (r.retry and r.max_tries or 1) - 1
-    if r.canary then
-      more = more + 1
-    end
-    -- Never more tries than peers to try: nginx answers 502 itself once
-    -- the tries are used up; a balancer call with no peer left could only
-    -- fail the request with a 500.
-    local n = reachable(r, r.tiers)
-    if r.canary then
-      n = n + reachable(r, r.canary.tiers)
-    end
-    if more > n - 1 then
-      more = n - 1
-    end
-    if more > 0 then
-      local ok, err = balancer.set_more_tries(more)
-      if not ok then
-        ngx.log(ngx.ERR, "set_more_tries: ", err)
-      end
-    end
-  else
-    -- The previous try ended without a response: settle it now, so this
-    -- try's pick already sees its failure count and ejection.
-    local last = tries[#tries]
-    local st = balancer.get_last_failure()
-    release(r, last)
-    last.settled = true
-    if st == "failed" then
-      connect_failed(r, last.t, last.p)
-    end
-  end
-  local tried = {}
-  for _, x in ipairs(tries) do
-    tried[x.key] = true
-  end
-  local req = ctx.autoconfig_req
-  local kh = req and req.key and pick_mod.keyhash(req.key) or nil
-  local v = ctx.autoconfig_version
-  local t, p
-  local plan = ctx.autoconfig_plan
-  local held = false
-  if #tries == 0 and plan and plan.held and plan.version == r.version then
-    t, p, held = plan.t, plan.p, true
-    plan.held = false
-  elseif v and r.canary then
-    -- A retry of a route that does not retry (the canary's extra try)
-    -- goes to the other version; a retrying route's retries stay in the
-    -- version while it has an untried peer.
-    if #tries == 0 or (r.retry and #tries < r.max_tries) then
-      t, p = pick(r, tried, tiers_of(r, v), kh, limit_of)
-    end
-    if not t and not ctx.autoconfig_fell then
-      ctx.autoconfig_fell = v
-      v = OTHER[v]
-      ctx.autoconfig_version = v
-      t, p = pick(r, tried, tiers_of(r, v), kh, limit_of)
-    end
-  else
-    t, p = pick(r, tried, r.tiers, kh, limit_of)
-  end
-  if #tries == 0 and not held then
-    unplan(r, ctx)
-  end
-  if not t then
-    ngx.log(ngx.ERR, "route ", route, ": no peer left to try")
-    return ngx.exit(502)
-  end
-  -- A route without a log phase (a video file may have none) never
-  -- releases its final try: its slots are counted only once its log phase
-  -- has been seen in this worker.
-  local counted = not r.video or r.log_seen == true
-  tries[#tries + 1] = { t = t, p = p, key = ident(t, p), counted = counted }
-  if counted and not held then
-    state.incr(r, pkey("a", t, p), 1)
-    state.incr(r, tkey(t), 1)
-  end
-  state.incr(r, pkey("t", t, p), 1)
-  local ok, err = balancer.set_current_peer(bracketed(p.host), p.port)
-  if not ok then
-    ngx.log(ngx.ERR, "set_current_peer: ", err)
-    return ngx.exit(500)
-  end
+  return balance_mod.balance(r, ngx.ctx)
 end
 
 -- ---------------------------------------------------------------------
@@ -604,7 +351,7 @@ function M.log(route)
   if not r then
     return
   end
-  unplan(r, ctx)
+  admission.unplan(r, ctx)
   local last = tries and tries[#tries]
   count_request(r, v, last and addr(last.t, last.p) or "", ngx.status)
   local req = ctx.autoconfig_req
@@ -625,17 +372,7 @@ function M.log(route)
   if not last or last.settled then
     return
   end
-  local t, p = last.t, last.p
-  release(r, last)
-  local connect
-  for x in string.gmatch(ngx.var.upstream_connect_time or "", "[^,: ]+") do
-    connect = x
-  end
-  if connect == "-" or connect == nil then
-    connect_failed(r, t, p)
-  else
-    state.set(r, pkey("f", t, p), 0)
-  end
+  admission.settle(r, last, ngx.var.upstream_connect_time)
 end
 
 -- header is the header filter of a canary route's file: X-Model-Version
