@@ -58,8 +58,8 @@ verify: generate ## fail on drift: generated files, go.mod tidiness, gofmt
 
 # The engine's pure lua modules (ring, bounded load, AIMD, SSE, body key,
 # metrics) under busted, run by LuaJIT as nginx runs them.
-lua-test: deps
-	cd deploy/openresty/lua && luajit /usr/bin/busted --lpath='./?.lua' spec
+lua-test: deps ## luacheck (any warning fails, .luacheckrc), then the busted specs of the engine's lua modules
+	cd deploy/openresty/lua && luacheck --quiet --formatter=plain . && luajit /usr/bin/busted --lpath='./?.lua' spec
 
 unit:
 	$(GO) test -count=1 -timeout 40m ./...

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need (a real nginx with the lua
 # module for the data-plane tests; luajit and lua-busted for the engine's
-# lua unit specs, make lua-test; luajit2 is OpenResty's LuaJIT, the one
+# lua unit specs and lua-check (luacheck) for their lint, make lua-test; luajit2 is OpenResty's LuaJIT, the one
 # Debian's lua module links, and it conflicts with Debian's luajit). Idempotent; needs root (CI runs as root).
 set -euo pipefail
-pkgs=(nginx libnginx-mod-http-lua lua-cjson luajit2 lua-busted)
+pkgs=(nginx libnginx-mod-http-lua lua-cjson luajit2 lua-busted lua-check)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -72,7 +72,8 @@ function M.cookie_for(c, v)
   else
     bucket = math.random(c.band, BUCKETS - 1)
   end
-  return c.sticky_cookie .. "=" .. bucket .. "." .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
+  return c.sticky_cookie .. "=" .. bucket .. "."
+    .. string.format("%06x%06x", math.random(0, 0xffffff), math.random(0, 0xffffff)) .. c.cookie_attrs
 end
 
 -- choose: the version a request asks for, and true when it had no key
@@ -114,6 +115,47 @@ function M.split_counts(store)
     fallthrough = { stable = store:get(M.K_FELL.stable) or 0, canary = store:get(M.K_FELL.canary) or 0 },
     draws = store:get(M.K_DRAWS) or 0,
   }
+end
+
+-- tiers_of: the tiers of version v of route r (the route's own tiers
+-- unless v is "canary").
+function M.tiers_of(r, v)
+  if v == "canary" and r.canary then
+    return r.canary.tiers
+  end
+  return r.tiers
+end
+local tiers_of = M.tiers_of
+
+-- live: whether tiers have a peer in the pick (not ejected, not
+-- unhealthy).
+local function live(r, tiers)
+  for _, t in ipairs(tiers) do
+    for _, p in ipairs(t.peers) do
+      if not state.out_of_pick(r, t, p) then
+        return true
+      end
+    end
+  end
+  return false
+end
+
+-- split chooses the request's version (choose) and falls through
+-- to the other version when the chosen one has no live peer and the
+-- other has; it records the version (and the fallthrough, and the cookie
+-- to set) in ngx.ctx and returns the version's tiers.
+function M.split(r, ctx)
+  local c = r.canary
+  local v, keyless = M.choose(r, c)
+  if keyless then
+    ctx.autoconfig_cookie = M.cookie_for(c, v)
+  end
+  if not live(r, tiers_of(r, v)) and live(r, tiers_of(r, M.OTHER[v])) then
+    ctx.autoconfig_fell = v
+    v = M.OTHER[v]
+  end
+  ctx.autoconfig_version = v
+  return tiers_of(r, v)
 end
 
 return M

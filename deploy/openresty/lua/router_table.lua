@@ -129,7 +129,8 @@ local function check_tiers(tiers, where0)
       if type(p) ~= "table" then return pw .. " is not an object" end
       if type(p.host) ~= "string" or p.host == "" then return pw .. ".host is not a string" end
       if not M.is_ip(p.host) then
-        return pw .. ".host " .. cjson.encode(p.host) .. " is not an IP address (IPv4 dotted quad, or IPv6 without brackets or zone): the balancer dials IP literals only"
+        return pw .. ".host " .. cjson.encode(p.host)
+          .. " is not an IP address (IPv4 dotted quad, or IPv6 without brackets or zone): the balancer dials IP literals only"
       end
       local port = p.port
       if type(port) ~= "number" or port ~= math.floor(port) or port < 1 or port > 65535 then

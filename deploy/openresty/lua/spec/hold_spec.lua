@@ -159,25 +159,26 @@ describe("router_hold engine bound", function()
     local estore = hold.engine().r.store
     estore:set(hold.K_ENGINE_WAITING, 2) -- two held elsewhere
     local result, waited, reason = hold.wait(b, function() error("no look") end)
+    local _
     assert.are.same({ "refused", 0, "hold_engine_full" }, { result, waited, reason })
     assert.are.equal(0, b.store:get(hold.K_WAITING))
     assert.are.equal(2, estore:get(hold.K_ENGINE_WAITING))
     assert.matches("the engine holds 2 requests already", hold.why(b, reason))
     estore:set(hold.K_ENGINE_WAITING, 1)
     local looks = 0
-    result, waited, reason = hold.wait(a, function()
+    result, _, reason = hold.wait(a, function()
       looks = looks + 1
       assert.are.equal(2, estore:get(hold.K_ENGINE_WAITING))
       if looks == 3 then a.npeers = 1 end
     end)
     assert.are.same({ "served", nil }, { result, reason })
     assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING))
-    result, waited, reason = hold.wait(route({ hold_timeout = "1" }, true), function() end)
+    result, _, reason = hold.wait(route({ hold_timeout = "1" }, true), function() end)
     assert.are.same({ "timeout", "hold_timeout" }, { result, reason })
     assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING))
     local r = route({ hold_timeout = "3", hold_max = "2" }, true)
     r.store.data[hold.K_WAITING] = 2
-    result, waited, reason = hold.wait(r, function() end)
+    result, _, reason = hold.wait(r, function() end)
     assert.are.same({ "refused", "hold_full" }, { result, reason })
     assert.are.equal(1, estore:get(hold.K_ENGINE_WAITING)) -- the route's bound first
   end)
