@@ -2,7 +2,6 @@ package compiler
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -63,19 +62,8 @@ type demandEntry struct {
 
 func demandOf(t *testing.T, c *http.Client, route string) (demandEntry, bool) {
 	t.Helper()
-	resp, err := c.Get("http://localhost/demand")
-	if err != nil {
-		t.Fatalf("GET /demand: %v", err)
-	}
-	defer resp.Body.Close()
-	var a struct {
-		Routes map[string]demandEntry `json:"routes"`
-	}
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || json.Unmarshal(b, &a) != nil {
-		t.Fatalf("GET /demand: %d %s", resp.StatusCode, b)
-	}
-	d, ok := a.Routes[route]
+	routes, _ := demandAll(t, c)
+	d, ok := routes[route]
 	return d, ok
 }
 
