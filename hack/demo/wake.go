@@ -121,7 +121,7 @@ func (d *demo) wake(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.say("no request since that one: scaled back to 0 %s after it (idleAfter %s from the wake, + the sidecar's 2 s step at most; event ScaledToZero)", ms(w.sleptAt().Sub(start)), wakeIdle)
+	d.say("no request since that one: scaled back to 0 %s after its answer ended (idleAfter %s from the end of the last request, + the sidecar's 2 s step at most; event ScaledToZero)", ms(w.sleptAt().Sub(start.Add(took))), wakeIdle)
 	if err := d.waitFor(ctx, "route sleepy at zero again", func() (bool, error) {
 		row, ok, err := d.route(ctx, wakeRoute)
 		return ok && row.reason == "ScaledToZero" && row.backendsN == 0, err
