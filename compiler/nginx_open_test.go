@@ -2,6 +2,7 @@ package compiler
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/modelsphere/autoconfig/internal/nginxtest"
 	"github.com/modelsphere/autoconfig/internal/peers"
+	"github.com/modelsphere/autoconfig/internal/testbin"
 )
 
 // sseChunk is one streamed chat completion event (vLLM's shape).
@@ -88,17 +90,14 @@ func openStream(t *testing.T, url string) (*http.Response, *bufio.Reader) {
 // waitDemand polls route's demand until ok says it is as wanted.
 func waitDemand(t *testing.T, c *http.Client, route, what string, ok func(demandEntry) bool) demandEntry {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		d, _ := demandOf(t, c, route)
-		if ok(d) {
-			return d
+	var d demandEntry
+	testbin.WaitUntil(t, 10*time.Second, 20*time.Millisecond, fmt.Sprintf("route %s's demand %s", route, what), func() string {
+		if d, _ = demandOf(t, c, route); ok(d) {
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("route %s: demand %+v, want %s", route, d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Sprintf("demand %+v", d)
+	})
+	return d
 }
 
 // TestNginxHoldOpenStream: a streamed answer on a scale-to-zero route is
@@ -202,17 +201,12 @@ func TestNginxStreamCut(t *testing.T) {
 // waitMetric waits until series has value want.
 func waitMetric(t *testing.T, n *nginxtest.Nginx, series, want string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := metricValue(t, n, series)
-		if got == want {
-			return
+	testbin.WaitUntil(t, 10*time.Second, 20*time.Millisecond, series+" = "+want, func() string {
+		if got := metricValue(t, n, series); got != want {
+			return fmt.Sprintf("%s = %q", series, got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %q, want %s", series, got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ""
+	})
 }
 
 // TestNginxHoldOpenVideo: a video route that holds counts its requests
